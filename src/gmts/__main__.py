@@ -1,0 +1,3 @@
+from gmts.cli import main
+
+raise SystemExit(main())

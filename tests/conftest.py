@@ -1,0 +1,24 @@
+"""Shared test setup: offline Hugging Face, paths to the shared benchmark data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("GMTS_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Folder of the real benchmark files (../shared/data); tests skip where it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"benchmark data not found at {SHARED_DATA}")
+    return SHARED_DATA
