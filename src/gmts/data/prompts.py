@@ -1,0 +1,208 @@
+"""Prompt templates of the GMTS paper (Appendix A.3, "Dialogue template"), by name.
+
+A template turns one benchmark question into chat messages (an optional system turn and a user
+turn). :func:`format_prompt` renders them through the tokenizer's chat template when it has one
+(``apply_chat_template(..., add_generation_prompt=True)``, e.g. Qwen's ChatML), and as plain
+text otherwise. The registered templates:
+
+==================== ===================================================================
+``math``             system "Please reason step by step, and put your final answer within
+                     \\boxed{}."; user = the question (paper: math and commonsense)
+``commonsense_choice`` same system prompt; user = the question, then lettered choices
+                     ("A. ...") and a request for the letter (CommonsenseQA)
+``commonsense_yesno`` same system prompt; user = the question and "Answer yes or no."
+                     (CommonsenseQA 2.0)
+``code``             system "You are Qwen, created by Alibaba Cloud. You are a helpful
+                     assistant."; user = the task and a request for a self-contained Python
+                     script in a markdown code block (paper: code)
+``plain``            no system turn; user = the question verbatim
+==================== ===================================================================
+
+The paper's copy lost the literal dialogue text; the system prompts above are the ones it
+names, and the user-turn wording for choices, yes/no and code is ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+CODE_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+CHOICE_INSTRUCTION = "Answer with the letter of the correct choice."
+YESNO_INSTRUCTION = "Answer yes or no."
+CODE_INSTRUCTION = (
+    "Write a self-contained Python script that solves the task above. "
+    "Put the complete script in a single markdown code block:\n```python\n# your code\n```"
+)
+
+# A minimal ChatML template in the layout Qwen2.5 uses (<|im_start|>role\n...<|im_end|>\n).
+# Set ``tokenizer.chat_template = CHATML_TEMPLATE`` to give a tokenizer without one the Qwen
+# chat format (its vocabulary should hold <|im_start|> and <|im_end|> as special tokens).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+Choices = Sequence[str] | Sequence[tuple[str, str]] | Mapping[str, str]
+Message = dict[str, str]
+
+
+def format_choices(choices: Choices) -> str:
+    """Render answer choices one per line as ``"A. text"``.
+
+    ``choices`` is a list of texts (lettered A, B, ... in order), a list of ``(label, text)``
+    pairs, or a mapping label -> text (kept in its order).
+    """
+    if isinstance(choices, Mapping):
+        pairs = [(str(k), str(v)) for k, v in choices.items()]
+    else:
+        items = list(choices)
+        if items and all(isinstance(c, tuple | list) and len(c) == 2 for c in items):
+            pairs = [(str(k), str(v)) for k, v in items]
+        elif all(isinstance(c, str) for c in items):
+            if len(items) > 26:
+                raise ValueError(f"choices: at most 26 choices can be lettered, got {len(items)}")
+            pairs = [(chr(ord("A") + i), c) for i, c in enumerate(items)]
+        else:
+            raise ValueError(
+                "choices must be a list of strings, a list of (label, text) pairs or a mapping "
+                f"label -> text; got {choices!r}"
+            )
+    if not pairs:
+        raise ValueError("choices is empty")
+    return "\n".join(f"{label}. {text}" for label, text in pairs)
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """One dialogue template: an optional system prompt and how the user turn is written.
+
+    Attributes:
+        name: registry name.
+        system: system prompt, or None for no system turn.
+        instruction: text appended to the user turn after a blank line ("" for none).
+        uses_choices: whether the user turn lists lettered choices (then they are required).
+    """
+
+    name: str
+    system: str | None
+    instruction: str = ""
+    uses_choices: bool = False
+
+    def user_message(self, question: str, choices: Choices | None = None) -> str:
+        """The text of the user turn for ``question``."""
+        if not isinstance(question, str):
+            raise ValueError(f"question must be a str, got {type(question).__name__}")
+        parts = [question.strip()]
+        if self.uses_choices:
+            if choices is None:
+                raise ValueError(
+                    f"template {self.name!r} needs choices=...; pass the answer options "
+                    "(or use template='plain' if they are already in the question)"
+                )
+            parts.append(format_choices(choices))
+        elif choices is not None:
+            raise ValueError(f"template {self.name!r} takes no choices; got {choices!r}")
+        if self.instruction:
+            parts.append(self.instruction)
+        return "\n\n".join(parts)
+
+    def messages(self, question: str, choices: Choices | None = None) -> list[Message]:
+        """Chat messages ``[{"role": "system", ...}, {"role": "user", ...}]``."""
+        out: list[Message] = []
+        if self.system is not None:
+            out.append({"role": "system", "content": self.system})
+        out.append({"role": "user", "content": self.user_message(question, choices)})
+        return out
+
+    def plain_text(self, question: str, choices: Choices | None = None) -> str:
+        """The prompt for a tokenizer without a chat template: turns joined by blank lines.
+
+        ``plain`` gives the question verbatim (no added newline), so a model trained on raw
+        prompts sees exactly its training format.
+        """
+        if self.system is None and not self.instruction and not self.uses_choices:
+            return question
+        return "\n\n".join(m["content"] for m in self.messages(question, choices)) + "\n\n"
+
+
+_TEMPLATES: dict[str, PromptTemplate] = {}
+
+
+def register_template(template: PromptTemplate) -> PromptTemplate:
+    """Add a template to the registry; a duplicate name raises ValueError."""
+    if template.name in _TEMPLATES:
+        raise ValueError(f"prompt template {template.name!r} is already registered")
+    _TEMPLATES[template.name] = template
+    return template
+
+
+def get_template(name: str) -> PromptTemplate:
+    """The template registered as ``name``; unknown names raise ValueError listing valid ones."""
+    try:
+        return _TEMPLATES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown prompt template {name!r}; valid templates: {', '.join(available_templates())}"
+        ) from None
+
+
+def available_templates() -> list[str]:
+    """Names of the registered templates, sorted."""
+    return sorted(_TEMPLATES)
+
+
+register_template(PromptTemplate("math", MATH_SYSTEM_PROMPT))
+register_template(
+    PromptTemplate("commonsense_choice", MATH_SYSTEM_PROMPT, CHOICE_INSTRUCTION, uses_choices=True)
+)
+register_template(PromptTemplate("commonsense_yesno", MATH_SYSTEM_PROMPT, YESNO_INSTRUCTION))
+register_template(PromptTemplate("code", CODE_SYSTEM_PROMPT, CODE_INSTRUCTION))
+register_template(PromptTemplate("plain", None))
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` carries a chat template (``tokenizer.chat_template`` set)."""
+    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
+def format_prompt(
+    tokenizer: Any,
+    question: str,
+    *,
+    template: str = "math",
+    choices: Choices | None = None,
+    chat: bool | None = None,
+) -> str:
+    """Render ``question`` with the named template into the prompt string given to the model.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer, or None. When it has a chat template the messages
+            go through ``apply_chat_template(..., add_generation_prompt=True)``; otherwise
+            the plain-text form (:meth:`PromptTemplate.plain_text`) is returned.
+        question: the question text.
+        template: a registered template name (:func:`available_templates`).
+        choices: answer options for ``commonsense_choice`` (see :func:`format_choices`).
+        chat: None = use the chat template when there is one; False = always plain text;
+            True = require a chat template (ValueError without one).
+
+    Returns:
+        The prompt text (special tokens of the chat template included as text).
+    """
+    tpl = get_template(template)
+    if chat is True and not has_chat_template(tokenizer):
+        raise ValueError("chat=True but the tokenizer has no chat_template")
+    use_chat = has_chat_template(tokenizer) if chat is None else chat
+    if not use_chat:
+        return tpl.plain_text(question, choices)
+    rendered = tokenizer.apply_chat_template(
+        tpl.messages(question, choices), tokenize=False, add_generation_prompt=True
+    )
+    if not isinstance(rendered, str):  # defensive: some tokenizers ignore tokenize=False
+        raise TypeError(f"apply_chat_template returned {type(rendered).__name__}, expected str")
+    return rendered

@@ -1,0 +1,106 @@
+"""Prompt templates: registry, plain-text and chat-template rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from gmts.data.prompts import (
+    CODE_SYSTEM_PROMPT,
+    MATH_SYSTEM_PROMPT,
+    PromptTemplate,
+    available_templates,
+    format_choices,
+    format_prompt,
+    get_template,
+    register_template,
+)
+
+
+def test_registry_names_and_errors():
+    assert set(available_templates()) >= {
+        "math",
+        "commonsense_choice",
+        "commonsense_yesno",
+        "code",
+        "plain",
+    }
+    with pytest.raises(ValueError, match="valid templates: .*math"):
+        get_template("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_template(PromptTemplate("math", None))
+
+
+def test_paper_system_prompts():
+    assert MATH_SYSTEM_PROMPT == (
+        "Please reason step by step, and put your final answer within \\boxed{}."
+    )
+    assert CODE_SYSTEM_PROMPT == (
+        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    )
+    assert get_template("math").system == MATH_SYSTEM_PROMPT
+    assert get_template("commonsense_choice").system == MATH_SYSTEM_PROMPT
+    assert get_template("commonsense_yesno").system == MATH_SYSTEM_PROMPT
+    assert get_template("code").system == CODE_SYSTEM_PROMPT
+    assert get_template("plain").system is None
+
+
+def test_plain_text_without_chat_template(byte_tokenizer):
+    assert not getattr(byte_tokenizer, "chat_template", None)
+    text = format_prompt(byte_tokenizer, "What is 1+1?", template="math")
+    assert text == MATH_SYSTEM_PROMPT + "\n\nWhat is 1+1?\n\n"
+    # "plain" is the question verbatim, with or without a tokenizer
+    assert format_prompt(byte_tokenizer, "037+485=", template="plain") == "037+485="
+    assert format_prompt(None, "037+485=", template="plain") == "037+485="
+
+
+def test_chatml_rendering(chat_tokenizer):
+    text = format_prompt(chat_tokenizer, "What is 1+1?", template="math")
+    assert text == (
+        "<|im_start|>system\n" + MATH_SYSTEM_PROMPT + "<|im_end|>\n"
+        "<|im_start|>user\nWhat is 1+1?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # special tokens of the template are single tokens of the tokenizer
+    ids = chat_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == chat_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert ids.count(chat_tokenizer.convert_tokens_to_ids("<|im_end|>")) == 2
+    # chat=False forces plain text even with a chat template
+    assert format_prompt(chat_tokenizer, "q", template="plain", chat=False) == "q"
+
+
+def test_chat_true_requires_template(byte_tokenizer):
+    with pytest.raises(ValueError, match="no chat_template"):
+        format_prompt(byte_tokenizer, "q", chat=True)
+
+
+def test_choices_formatting():
+    expected = "A. bank\nB. library\nC. mall"
+    assert format_choices(["bank", "library", "mall"]) == expected
+    assert format_choices({"A": "bank", "B": "library", "C": "mall"}) == expected
+    assert format_choices([("A", "bank"), ("B", "library"), ("C", "mall")]) == expected
+    with pytest.raises(ValueError, match="empty"):
+        format_choices([])
+    with pytest.raises(ValueError, match="choices must be"):
+        format_choices([1, 2])
+
+
+def test_choice_and_yesno_and_code_user_turns(chat_tokenizer):
+    text = format_prompt(
+        None, "Where is money kept?", template="commonsense_choice", choices=["bank", "mall"]
+    )
+    assert "Where is money kept?\n\nA. bank\nB. mall\n\nAnswer with the letter" in text
+    with pytest.raises(ValueError, match="needs choices"):
+        format_prompt(None, "q", template="commonsense_choice")
+    with pytest.raises(ValueError, match="takes no choices"):
+        format_prompt(None, "q", template="math", choices=["a"])
+    yn = format_prompt(chat_tokenizer, "Is water wet?", template="commonsense_yesno")
+    assert "Is water wet?\n\nAnswer yes or no.<|im_end|>" in yn
+    code = format_prompt(chat_tokenizer, "def f(x):\n    pass", template="code")
+    assert code.startswith("<|im_start|>system\n" + CODE_SYSTEM_PROMPT)
+    assert "self-contained Python script" in code and "```python" in code
+    assert code.endswith("<|im_start|>assistant\n")
+
+
+def test_bad_question_type():
+    with pytest.raises(ValueError, match="question must be a str"):
+        format_prompt(None, 3, template="math")  # type: ignore[arg-type]
