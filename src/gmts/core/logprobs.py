@@ -1,0 +1,321 @@
+"""Per-token log-probabilities, entropy and logit-gradient norm, chunked over tokens.
+
+Every function here works on ``N`` flattened token positions in chunks of ``chunk_size`` rows
+so that the extra memory is O(chunk_size x V), never O(N x V): the forward pass keeps only
+three float32 numbers per token, and the backward pass recomputes each chunk's softmax.
+Input logits (or hidden states) may be any float dtype; all reductions run in float32.
+
+Shapes: ``labels`` is any shape ``S`` (usually ``(B, T)``), logits ``S + (V,)``,
+hidden states ``S + (H,)``, the output-layer weight ``(V, H)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "TokenStatistics",
+    "token_logprobs_and_entropy",
+    "token_logprobs_and_entropy_from_hidden",
+    "token_statistics",
+    "token_statistics_from_hidden",
+    "default_chunk_size",
+]
+
+# Elements of one (chunk, V) float32 block: 2^24 floats = 64 MiB.
+_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class TokenStatistics:
+    """Per-token statistics of the sampled tokens, all float32 of ``labels.shape``.
+
+    Attributes:
+        logprobs: log pi(o_t) at the given temperature; the only field that carries gradients.
+        entropy: E_t = -sum_j p_j log p_j (no gradient).
+        logit_grad_norm: G_t = ||d log p(o_t) / d z_t||_2 = sqrt(1 - 2 p_t + sum_j p_j^2), the
+            exact logit-gradient norm of Proposition 3.1 (no gradient), or None when not requested.
+            With temperature T the gradient w.r.t. the raw logits is G_t / T; G_t itself is
+            reported w.r.t. the tempered logits z / T, as in the paper.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    logit_grad_norm: torch.Tensor | None = None
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Rows per chunk so that one (chunk, V) float32 block holds about 2^24 elements."""
+    return max(1, _CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def _check_temperature(temperature: float) -> float:
+    temperature = float(temperature)
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    return temperature
+
+
+def _check_chunk_size(chunk_size: int | None, vocab_size: int) -> int:
+    if chunk_size is None:
+        return default_chunk_size(vocab_size)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    return chunk_size
+
+
+def _check_labels(labels: torch.Tensor, vocab_size: int, name_of_v: str) -> None:
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
+        raise ValueError(f"labels must be an integer tensor, got dtype {labels.dtype}")
+    if labels.numel() > 0:
+        lo, hi = int(labels.min()), int(labels.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(
+                f"labels must lie in [0, {name_of_v}={vocab_size}), got values in [{lo}, {hi}] "
+                "(give masked positions any valid token id, e.g. the pad id)"
+            )
+
+
+def _chunk_forward(
+    z: torch.Tensor, labels: torch.Tensor, temperature: float, want_g: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Statistics of one chunk of raw logits ``z`` (n, V) -> (logprob, entropy, lse, G), each (n,)."""
+    if not bool(torch.isfinite(z).all()):
+        raise ValueError("logits must be finite; found inf or nan")
+    z = z.float()  # (n, V) fp32 accumulation for bf16/fp16 input
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)  # (n,)
+    logp_all = z - lse[:, None]  # (n, V)
+    p = logp_all.exp()  # (n, V)
+    entropy = -(p * logp_all).sum(-1)  # (n,)
+    logprob = logp_all.gather(-1, labels[:, None]).squeeze(-1)  # (n,)
+    g = None
+    if want_g:
+        p_t = logprob.exp()
+        g = (1.0 - 2.0 * p_t + (p * p).sum(-1)).clamp_min(0.0).sqrt()
+    return logprob, entropy, lse, g
+
+
+def _chunk_grad_z(
+    z: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """d(sum_t grad_t * logprob_t) / d raw logits for one chunk: grad * (onehot - p) / T, fp32 (n, V)."""
+    z = z.float()
+    if temperature != 1.0:
+        z = z / temperature
+    dz = (z - lse[:, None]).exp_().mul_(-grad[:, None])  # (n, V) = -grad * p
+    dz.scatter_add_(-1, labels[:, None], grad[:, None])  # + grad at the label
+    if temperature != 1.0:
+        dz.div_(temperature)
+    return dz
+
+
+class _LogitsStats(torch.autograd.Function):
+    """logits (N, V), labels (N,) -> logprob, entropy, G (N,) each; backward recomputes chunks."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, chunk_size, want_g):  # type: ignore[override]
+        n = logits.shape[0]
+        logprob = torch.empty(n, dtype=torch.float32, device=logits.device)
+        entropy = torch.empty_like(logprob)
+        lse = torch.empty_like(logprob)
+        g = torch.empty_like(logprob) if want_g else None
+        for start in range(0, n, chunk_size):
+            sl = slice(start, min(n, start + chunk_size))
+            lp, ent, ls, gg = _chunk_forward(logits[sl], labels[sl], temperature, want_g)
+            logprob[sl], entropy[sl], lse[sl] = lp, ent, ls
+            if want_g:
+                g[sl] = gg
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.mark_non_differentiable(entropy, lse)
+        if want_g:
+            ctx.mark_non_differentiable(g)
+        return logprob, entropy, g
+
+    @staticmethod
+    def backward(ctx, grad_logprob, _grad_entropy, _grad_g):  # type: ignore[override]
+        logits, labels, lse = ctx.saved_tensors
+        if grad_logprob is None or not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        grad_logits = torch.empty_like(logits)
+        n = logits.shape[0]
+        for start in range(0, n, ctx.chunk_size):
+            sl = slice(start, min(n, start + ctx.chunk_size))
+            dz = _chunk_grad_z(logits[sl], labels[sl], lse[sl], grad_logprob[sl], ctx.temperature)
+            grad_logits[sl] = dz.to(logits.dtype)
+        return grad_logits, None, None, None, None
+
+
+class _HiddenStats(torch.autograd.Function):
+    """hidden (N, H), weight (V, H), labels (N,) -> logprob, entropy, G (N,) without (N, V)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature, chunk_size, want_g):  # type: ignore[override]
+        n = hidden.shape[0]
+        logprob = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty_like(logprob)
+        lse = torch.empty_like(logprob)
+        g = torch.empty_like(logprob) if want_g else None
+        for start in range(0, n, chunk_size):
+            sl = slice(start, min(n, start + chunk_size))
+            z = hidden[sl] @ weight.T  # (n, V) in the input dtype, like the model's lm_head
+            lp, ent, ls, gg = _chunk_forward(z, labels[sl], temperature, want_g)
+            logprob[sl], entropy[sl], lse[sl] = lp, ent, ls
+            if want_g:
+                g[sl] = gg
+        ctx.save_for_backward(hidden, weight, labels, lse)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.mark_non_differentiable(entropy, lse)
+        if want_g:
+            ctx.mark_non_differentiable(g)
+        return logprob, entropy, g
+
+    @staticmethod
+    def backward(ctx, grad_logprob, _grad_entropy, _grad_g):  # type: ignore[override]
+        hidden, weight, labels, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if grad_logprob is None or not (need_h or need_w):
+            return None, None, None, None, None, None
+        n = hidden.shape[0]
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, n, ctx.chunk_size):
+            sl = slice(start, min(n, start + ctx.chunk_size))
+            h = hidden[sl]  # (n, H)
+            z = h @ weight.T  # (n, V)
+            dz = _chunk_grad_z(z, labels[sl], lse[sl], grad_logprob[sl], ctx.temperature)
+            dz = dz.to(hidden.dtype)  # (n, V), matmuls in the input dtype as autograd would
+            if need_h:
+                grad_hidden[sl] = dz @ weight  # (n, H)
+            if need_w:
+                grad_weight += (dz.T @ h).float()  # (V, H)
+        grad_weight = grad_weight.to(weight.dtype) if need_w else None
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def _flatten(
+    x: torch.Tensor, labels: torch.Tensor, name: str, last: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point torch.Tensor")
+    if x.dim() != labels.dim() + 1 or tuple(x.shape[:-1]) != tuple(labels.shape):
+        raise ValueError(
+            f"{name} must have shape labels.shape + ({last},) = {tuple(labels.shape)} + ({last},), "
+            f"got {tuple(x.shape)}"
+        )
+    return x.reshape(-1, x.shape[-1]), labels.reshape(-1).long()
+
+
+def token_statistics(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    logit_grad_norm: bool = False,
+) -> TokenStatistics:
+    """Log-prob, entropy and (optionally) logit-gradient norm of each labelled token.
+
+    Args:
+        logits: ``S + (V,)`` raw logits (any float dtype) predicting ``labels``; divided by
+            ``temperature`` before the softmax.
+        labels: ``S`` integer token ids in [0, V).
+        temperature: > 0.
+        chunk_size: token rows per chunk (default: about 2^24 / V).
+        logit_grad_norm: also compute G_t (Proposition 3.1) in the same pass.
+
+    Returns:
+        TokenStatistics with float32 tensors of shape ``S``; gradients flow to ``logits``
+        through ``logprobs`` only. Neither the forward nor the backward pass holds more than one
+        (chunk_size, V) float32 block besides the input and its gradient.
+    """
+    temperature = _check_temperature(temperature)
+    flat_logits, flat_labels = _flatten(logits, labels, "logits", "V")
+    _check_labels(flat_labels, flat_logits.shape[-1], "V")
+    chunk = _check_chunk_size(chunk_size, flat_logits.shape[-1])
+    lp, ent, g = _LogitsStats.apply(flat_logits, flat_labels, temperature, chunk, logit_grad_norm)
+    shape = labels.shape
+    return TokenStatistics(
+        lp.view(shape), ent.view(shape), g.view(shape) if g is not None else None
+    )
+
+
+def token_statistics_from_hidden(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    logit_grad_norm: bool = False,
+) -> TokenStatistics:
+    """Like :func:`token_statistics` but from final hidden states and the output-layer weight.
+
+    Args:
+        hidden: ``S + (H,)`` final hidden states (after the last norm), any float dtype.
+        lm_head_weight: ``(V, H)`` output-layer weight (logits = hidden @ weight.T, no bias),
+            same dtype as ``hidden``.
+        labels: ``S`` integer token ids in [0, V).
+
+    Returns:
+        TokenStatistics of shape ``S``. The full (N, V) logits are never built, neither in the
+        forward nor in the backward pass; gradients flow to ``hidden`` and ``lm_head_weight``
+        through ``logprobs``.
+    """
+    temperature = _check_temperature(temperature)
+    flat_hidden, flat_labels = _flatten(hidden, labels, "hidden", "H")
+    if not isinstance(lm_head_weight, torch.Tensor) or lm_head_weight.dim() != 2:
+        raise ValueError("lm_head_weight must be a 2-D tensor of shape (V, H)")
+    if lm_head_weight.shape[1] != flat_hidden.shape[1]:
+        raise ValueError(
+            f"lm_head_weight must have shape (V, H={flat_hidden.shape[1]}), "
+            f"got {tuple(lm_head_weight.shape)}"
+        )
+    if lm_head_weight.dtype != flat_hidden.dtype:
+        raise ValueError(
+            f"lm_head_weight dtype {lm_head_weight.dtype} must equal hidden dtype {flat_hidden.dtype}"
+        )
+    vocab = lm_head_weight.shape[0]
+    _check_labels(flat_labels, vocab, "V")
+    chunk = _check_chunk_size(chunk_size, vocab)
+    lp, ent, g = _HiddenStats.apply(
+        flat_hidden, lm_head_weight, flat_labels, temperature, chunk, logit_grad_norm
+    )
+    shape = labels.shape
+    return TokenStatistics(
+        lp.view(shape), ent.view(shape), g.view(shape) if g is not None else None
+    )
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprobs, entropy)``, float32 of ``labels.shape``; see :func:`token_statistics`."""
+    stats = token_statistics(logits, labels, temperature=temperature, chunk_size=chunk_size)
+    return stats.logprobs, stats.entropy
+
+
+def token_logprobs_and_entropy_from_hidden(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprobs, entropy)`` from hidden states; see :func:`token_statistics_from_hidden`."""
+    stats = token_statistics_from_hidden(
+        hidden, lm_head_weight, labels, temperature=temperature, chunk_size=chunk_size
+    )
+    return stats.logprobs, stats.entropy

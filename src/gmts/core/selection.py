@@ -1,0 +1,316 @@
+"""Exact top-k / bottom-k token selection per scope unit, optionally global across ranks.
+
+Algorithm (linear in N, exact, no sorting of tokens, no torch.quantile):
+
+1. Map each float score to an integer key with the same order (float32 -> 32-bit keys,
+   float64 -> 64-bit keys; -0.0 and +0.0 are the same key). For bottom selection the keys are
+   bit-inverted, so "largest key" always means "selected first".
+2. Radix-select the k-th largest key of every scope unit: one histogram over
+   (unit, 8-bit digit) per digit, most significant first, keeping only the candidates that
+   still match the threshold prefix. With a process group the histograms are all-reduced, so
+   every rank finds the same global thresholds.
+3. Select every token above its unit's threshold, and among the tokens equal to the threshold
+   the first ones in row-major order of the global batch (the ranks' batches concatenated in
+   rank order), until the unit holds exactly k = ceil(ratio * N_unit) tokens.
+
+Tie rule (documented, deterministic): among equal scores, the token that comes first in
+row-major order of the global batch is selected first.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+from gmts.core import distributed as dist_utils
+
+__all__ = ["SCOPES", "select_tokens", "selection_threshold", "selection_count"]
+
+SCOPES = ("batch", "group", "sequence")
+_DIGIT_BITS = 8
+_RADIX = 1 << _DIGIT_BITS
+
+
+def _ratio_fraction(ratio: float) -> Fraction:
+    """The ratio as the exact decimal the user wrote (repr), so 0.1 * 10 -> exactly 1."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
+    value = float(ratio)
+    if not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+    return Fraction(repr(value))
+
+
+def selection_count(n: int, ratio: float) -> int:
+    """k = ceil(ratio * n) computed exactly on the decimal value of ``ratio``; at least 1 if n > 0.
+
+    Examples: ``selection_count(10, 0.2) == 2``, ``selection_count(10, 0.7) == 7``,
+    ``selection_count(10, 0.1) == 1``, ``selection_count(0, 0.5) == 0``.
+    """
+    frac = _ratio_fraction(ratio)
+    if n <= 0:
+        return 0
+    return max(1, -(-frac.numerator * n // frac.denominator))
+
+
+def _counts_to_k(counts: torch.Tensor, frac: Fraction) -> torch.Tensor:
+    """Per-unit k = ceil(ratio * n) (at least 1 where n > 0), exact integer arithmetic."""
+    p, q = frac.numerator, frac.denominator
+    n_max = int(counts.max()) if counts.numel() else 0
+    if p * max(n_max, 1) < (1 << 62):
+        k = torch.div(counts * p + (q - 1), q, rounding_mode="floor")
+    else:  # huge decimal expansions: exact Python integers
+        k = torch.tensor([-(-p * n // q) for n in counts.tolist()], dtype=torch.int64)
+        k = k.to(counts.device)
+    return torch.where(counts > 0, k.clamp_min(1), torch.zeros_like(k))
+
+
+def _order_keys(scores: torch.Tensor, largest: bool) -> tuple[torch.Tensor, int]:
+    """Integer keys (int64 tensor) whose signed order equals the float order of ``scores``."""
+    if scores.dtype == torch.float64:
+        bits = (scores + 0.0).contiguous().view(torch.int64)
+        keys = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
+        nbits = 64
+    else:
+        bits = (scores.float() + 0.0).contiguous().view(torch.int32)
+        keys = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
+        nbits = 32
+    if not largest:
+        keys = ~keys  # reverses the order without overflow
+    return keys, nbits
+
+
+def _local_error(scores: Any, mask: Any, scope: str, group_ids: Any) -> str | None:
+    """Validate the per-rank inputs; return an error message instead of raising (see caller)."""
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
+        return "scores must be a torch.Tensor of shape (B, T)"
+    if not scores.dtype.is_floating_point:
+        return f"scores must be a floating-point tensor, got dtype {scores.dtype}"
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(scores.shape):
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        return (
+            f"mask must be a torch.Tensor of the shape of scores {tuple(scores.shape)}, got {got}"
+        )
+    if mask.dtype != torch.bool:
+        return f"mask must be a bool tensor, got dtype {mask.dtype}"
+    if mask.device != scores.device:
+        return f"mask must be on the device of scores ({scores.device}), got {mask.device}"
+    if scope == "group":
+        if group_ids is None:
+            return "group_ids (B,) are required for scope='group'"
+        if not isinstance(group_ids, torch.Tensor) or tuple(group_ids.shape) != (scores.shape[0],):
+            got = tuple(group_ids.shape) if isinstance(group_ids, torch.Tensor) else group_ids
+            return f"group_ids must be a tensor of shape (B,) = ({scores.shape[0]},), got {got}"
+        if group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:
+            return f"group_ids must be an integer tensor, got dtype {group_ids.dtype}"
+        if group_ids.numel() and int(group_ids.min()) < 0:
+            return "group_ids must be >= 0"
+    if not bool(torch.isfinite(scores[mask]).all()):
+        return "scores must be finite at every valid (mask=True) position; found nan or inf"
+    return None
+
+
+def _sync_errors(error: str | None, rows: int, device: torch.device, process_group: Any) -> int:
+    """Raise on every rank if any rank has bad input (so no rank hangs); return max rows."""
+    flags = torch.tensor([1 if error else 0, rows], dtype=torch.int64, device=device)
+    flags = dist_utils.all_reduce_max(flags, process_group)
+    if error is not None:
+        raise ValueError(error)
+    if int(flags[0]):
+        raise ValueError("select_tokens: another rank in the process group received invalid input")
+    return int(flags[1])
+
+
+def _units(
+    scope: str,
+    rows: int,
+    max_rows: int,
+    group_ids: torch.Tensor | None,
+    device: torch.device,
+    process_group: Any,
+) -> tuple[torch.Tensor, int]:
+    """Scope unit id of each row ``(B,)`` int64 and the global number of units."""
+    if scope == "batch":
+        return torch.zeros(rows, dtype=torch.int64, device=device), 1
+    if scope == "sequence":
+        return torch.arange(rows, dtype=torch.int64, device=device), rows
+    ids = group_ids.to(device=device, dtype=torch.int64)
+    if dist_utils.is_distributed(process_group):
+        padded = torch.full((max_rows,), -1, dtype=torch.int64, device=device)
+        padded[:rows] = ids
+        every = dist_utils.all_gather_stack(padded, process_group).reshape(-1)
+        every = every[every >= 0]
+    else:
+        every = ids
+    uniq = torch.unique(every)  # sorted global group ids
+    return torch.searchsorted(uniq, ids), int(uniq.numel())
+
+
+def select_tokens(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    ratio: float,
+    *,
+    largest: bool = True,
+    scope: str = "batch",
+    group_ids: torch.Tensor | None = None,
+    process_group: Any = None,
+) -> torch.Tensor:
+    """Select exactly k = ceil(ratio * N_u) valid tokens per scope unit u by score.
+
+    Args:
+        scores: ``(B, T)`` float scores (only positions with ``mask`` are read; they must be
+            finite). Same dtype on every rank.
+        mask: ``(B, T)`` bool response mask; masked positions are never selected.
+        ratio: fraction in (0, 1]; k is computed exactly on its decimal value
+            (see :func:`selection_count`).
+        largest: True keeps the highest scores (top-rho), False the lowest ("bottom").
+        scope: ``"batch"`` (one unit: all tokens of the batch, the paper's eq. 2), ``"group"``
+            (one unit per value of ``group_ids``, the authors' standalone code) or
+            ``"sequence"`` (one unit per row).
+        group_ids: ``(B,)`` non-negative integer question-group id per row, for scope 'group'.
+            Under a process group they must be global ids: rows with the same id on different
+            ranks belong to the same group.
+        process_group: a ``torch.distributed`` group: the selection is then global, equal to
+            the single-process selection of the ranks' batches concatenated in rank order.
+            Every rank must call this function (ranks with no valid tokens included). The
+            'sequence' scope needs no communication (rows never span ranks).
+
+    Returns:
+        ``(B, T)`` bool mask. In each unit: exactly k selected tokens; every selected score >=
+        every unselected valid score (<= for ``largest=False``); ties at the threshold go to
+        the token earliest in global row-major order. A unit (or batch) with N = 0 valid tokens
+        gets k = 0 (an all-False mask).
+
+    Raises:
+        ValueError: bad shapes or dtypes, ratio outside (0, 1], unknown scope, non-finite
+            valid scores, missing/invalid group_ids (raised on every rank of a group).
+    """
+    frac = _ratio_fraction(ratio)
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
+    if not isinstance(largest, bool):
+        raise ValueError(f"largest must be a bool, got {largest!r}")
+    distributed = dist_utils.is_distributed(process_group)
+    error = _local_error(scores, mask, scope, group_ids)
+    device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
+    rows = scores.shape[0] if error is None else 0
+    if distributed:
+        max_rows = _sync_errors(error, rows, device, process_group)
+    elif error is not None:
+        raise ValueError(error)
+    else:
+        max_rows = rows
+    if scope == "sequence":
+        distributed, process_group = False, None  # rows never span ranks
+    group = process_group if distributed else None
+
+    with torch.no_grad():
+        return _select(scores.detach(), mask, frac, largest, scope, group_ids, max_rows, group)
+
+
+def _select(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    frac: Fraction,
+    largest: bool,
+    scope: str,
+    group_ids: torch.Tensor | None,
+    max_rows: int,
+    group: Any,
+) -> torch.Tensor:
+    device = scores.device
+    rows, cols = scores.shape
+    unit_row, n_units = _units(scope, rows, max_rows, group_ids, device, group)  # (B,)
+    if n_units == 0:
+        return torch.zeros_like(mask)
+
+    row_valid = mask.sum(1)  # (B,)
+    counts = torch.zeros(n_units, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, unit_row, row_valid)
+    counts = dist_utils.all_reduce_sum(counts, group)  # (U,) global valid tokens per unit
+    k = _counts_to_k(counts, frac)  # (U,)
+
+    keys, nbits = _order_keys(scores, largest)  # (B, T) int64
+    flat_idx = mask.reshape(-1).nonzero().squeeze(1)
+    cand_keys = keys.reshape(-1)[flat_idx]  # (n,) keys of the valid tokens
+    cand_units = unit_row.repeat_interleave(cols)[flat_idx] if n_units > 1 else None
+    k_rem = k.clone()
+    tau = torch.zeros(n_units, dtype=torch.int64, device=device)
+    for i, shift in enumerate(range(nbits - _DIGIT_BITS, -1, -_DIGIT_BITS)):
+        digit = cand_keys >> shift
+        digit = digit + _RADIX // 2 if i == 0 else digit & (_RADIX - 1)  # (n,) in [0, 256)
+        flat = digit if cand_units is None else cand_units * _RADIX + digit
+        hist = torch.bincount(flat, minlength=n_units * _RADIX).view(n_units, _RADIX)
+        hist = dist_utils.all_reduce_sum(hist, group)  # (U, 256)
+        at_least = hist.flip(1).cumsum(1).flip(1)  # (U, 256): tokens with digit >= v
+        v = (at_least >= k_rem[:, None]).sum(1) - 1  # (U,) digit holding the k_rem-th key
+        above = torch.where(
+            v < _RADIX - 1,
+            at_least.gather(1, (v + 1).clamp(max=_RADIX - 1)[:, None]).squeeze(1),
+            torch.zeros_like(v),
+        )
+        k_rem = k_rem - above
+        tau = tau + ((v - _RADIX // 2 if i == 0 else v) << shift)
+        keep = digit == (v[0] if cand_units is None else v[cand_units])
+        cand_keys = cand_keys[keep]
+        if cand_units is not None:
+            cand_units = cand_units[keep]
+
+    # k_rem: how many tokens equal to the threshold each unit still takes (row-major order).
+    tau_tok = tau[unit_row][:, None]  # (B, 1)
+    above_mask = mask & (keys > tau_tok)  # (B, T)
+    tie = mask & (keys == tau_tok)  # (B, T)
+    row_ties = tie.sum(1)  # (B,)
+    unit_ties = torch.zeros(n_units, dtype=torch.int64, device=device)
+    unit_ties.scatter_add_(0, unit_row, row_ties)
+    if group is not None:
+        gathered = dist_utils.all_gather_stack(unit_ties, group)  # (W, U)
+        rank = dist_utils.get_rank(group)
+        rank_offset = gathered[:rank].sum(0)  # ties on earlier ranks, per unit
+    else:
+        rank_offset = torch.zeros_like(unit_ties)
+    order = torch.sort(unit_row, stable=True).indices  # rows grouped by unit, in row order
+    ties_sorted = row_ties[order]
+    before_sorted = ties_sorted.cumsum(0) - ties_sorted  # exclusive prefix over sorted rows
+    unit_start = unit_ties.cumsum(0) - unit_ties  # exclusive prefix over units
+    row_prefix = torch.empty_like(row_ties)
+    row_prefix[order] = before_sorted - unit_start[unit_row[order]]  # ties earlier in the unit
+    within = tie.long().cumsum(1) - tie.long()  # (B, T) ties earlier in the row
+    tie_rank = (rank_offset[unit_row] + row_prefix)[:, None] + within  # (B, T)
+    return above_mask | (tie & (tie_rank < k_rem[unit_row][:, None]))
+
+
+def selection_threshold(
+    scores: torch.Tensor,
+    selected: torch.Tensor,
+    *,
+    largest: bool = True,
+    process_group: Any = None,
+) -> float:
+    """The score threshold of a selection: the smallest selected score (largest selected score
+    for ``largest=False``), over all ranks of ``process_group``; nan if nothing is selected.
+
+    Args:
+        scores: ``(B, T)``. selected: ``(B, T)`` bool (e.g. from :func:`select_tokens`).
+    """
+    if not isinstance(scores, torch.Tensor) or not isinstance(selected, torch.Tensor):
+        raise ValueError("scores and selected must be torch.Tensors of shape (B, T)")
+    if tuple(scores.shape) != tuple(selected.shape):
+        raise ValueError(
+            f"selected must have the shape of scores {tuple(scores.shape)}, "
+            f"got {tuple(selected.shape)}"
+        )
+    with torch.no_grad():
+        s = scores.detach().double()
+        sel = selected.bool()
+        if largest:
+            local = torch.where(sel, s, math.inf).min() if s.numel() else s.new_tensor(math.inf)
+            value = float(dist_utils.all_reduce_min(local.reshape(1), process_group))
+        else:
+            local = torch.where(sel, s, -math.inf).max() if s.numel() else s.new_tensor(-math.inf)
+            value = float(dist_utils.all_reduce_max(local.reshape(1), process_group))
+    return value if math.isfinite(value) else float("nan")

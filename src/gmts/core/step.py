@@ -1,0 +1,111 @@
+"""select_for_update: the one selection step shared by the trainer and the integrations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gmts.core import distributed as dist_utils
+from gmts.core.config import SelectionConfig
+from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
+from gmts.core.scores import SCORE_REQUIREMENTS, ScoreInputs, compute_scores
+from gmts.core.selection import select_tokens, selection_threshold
+
+__all__ = ["SelectionResult", "select_for_update"]
+
+# Seeds of the random score on different ranks are this far apart.
+_RANK_SEED_STRIDE = 1_000_003
+
+
+@dataclass(frozen=True)
+class SelectionResult:
+    """Output of :func:`select_for_update`.
+
+    Attributes:
+        selected: ``(B, T)`` bool selection mask, or None for score='none' (train on all tokens).
+        scores: ``(B, T)`` detached scores, or None for score='none'.
+        threshold: the global score threshold (smallest selected score; largest for bottom
+            selection), nan if nothing was selected, None for score='none'.
+    """
+
+    selected: torch.Tensor | None
+    scores: torch.Tensor | None
+    threshold: float | None
+
+
+def select_for_update(
+    config: SelectionConfig,
+    objective: ObjectiveConfig,
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    entropy: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    logit_grad_norm: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
+    process_group: Any = None,
+    step: int = 0,
+) -> SelectionResult:
+    """Score the tokens with ``config.score`` and select the top (or bottom) ``config.ratio``.
+
+    omega is computed from the current ``logprobs`` (detached) with ``objective``'s clip, dual
+    clip and KL settings, so it is exactly the gradient coefficient of the loss that
+    :func:`gmts.policy_loss` will compute with the same objective. Only the inputs the score
+    needs (``SCORE_REQUIREMENTS``) are read; a missing one raises ValueError.
+
+    Args:
+        logprobs, old_logprobs, ref_logprobs, entropy, logit_grad_norm: ``(B, T)``.
+        advantages: ``(B,)`` or ``(B, T)``. response_mask: ``(B, T)`` bool.
+        group_ids: ``(B,)`` global question-group ids (required for scope='group').
+        process_group: selection is global over its ranks (every rank must call).
+        step: training step; the random score is seeded with ``config.seed + step`` (plus a
+            per-rank offset under a process group).
+    """
+    if not isinstance(config, SelectionConfig):
+        raise ValueError(f"config must be a SelectionConfig, got {type(config).__name__}")
+    if not isinstance(objective, ObjectiveConfig):
+        raise ValueError(f"objective must be an ObjectiveConfig, got {type(objective).__name__}")
+    if not config.enabled:
+        return SelectionResult(selected=None, scores=None, threshold=None)
+    needs = SCORE_REQUIREMENTS[config.score]
+    omega = None
+    if "omega" in needs:
+        omega = gradient_coefficient(
+            logprobs.detach(),
+            old_logprobs,
+            advantages,
+            ref_logprobs=ref_logprobs if objective.kl_coef > 0 else None,
+            **objective.omega_kwargs(),
+        )
+    seed = config.seed + step
+    if dist_utils.is_distributed(process_group):
+        seed += _RANK_SEED_STRIDE * dist_utils.get_rank(process_group)
+    inputs = ScoreInputs(
+        entropy=entropy.detach() if entropy is not None and "entropy" in needs else None,
+        omega=omega,
+        logit_grad_norm=(
+            logit_grad_norm.detach()
+            if logit_grad_norm is not None and "logit_grad_norm" in needs
+            else None
+        ),
+        mask=response_mask,
+        seed=seed,
+    )
+    scores = compute_scores(config.score, inputs)
+    selected = select_tokens(
+        scores,
+        response_mask,
+        config.ratio,
+        largest=config.largest,
+        scope=config.scope,
+        group_ids=group_ids,
+        process_group=process_group,
+    )
+    threshold = selection_threshold(
+        scores, selected, largest=config.largest, process_group=process_group
+    )
+    return SelectionResult(selected=selected, scores=scores, threshold=threshold)
