@@ -1,0 +1,167 @@
+"""``gmts eval``: average@n of a model on benchmarks, as a paper-style table plus a JSON file.
+
+Examples::
+
+    gmts eval --model Qwen2.5-Math-1.5B-GMTS \\
+        --benchmarks aime24,amc23,math500,minerva,olympiadbench --n 16 --temperature 1.0 \\
+        --data-dir ../shared/data --out results/gmts.json --backend vllm
+    gmts eval --model runs/demo/gmts --benchmarks builtin:addition   # CPU, seconds
+    gmts eval --table results/grpo.json results/gmts.json           # rows = models
+
+Results are appended per question to ``<out stem>.partial.jsonl`` as they finish; running the
+same command again continues where a killed run stopped. See docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        help="Hugging Face model folder, a gmts checkpoint (holding model/) or a gmts run "
+        "folder (latest checkpoints/step_*/model)",
+    )
+    parser.add_argument(
+        "--benchmarks",
+        default="aime24,amc23,math500,minerva,olympiadbench",
+        help="comma-separated names (default: the paper's five math benchmarks); "
+        "builtin:<task> for the embedded tasks",
+    )
+    parser.add_argument("--n", type=int, default=16, help="samples per question (average@n)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (pass@1)")
+    parser.add_argument("--limit", type=int, default=None, help="first K questions per benchmark")
+    parser.add_argument("--data-dir", default=None, help="folder of the benchmark files")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results JSON (default: eval-<model name>.json); the resumable per-question log "
+        "goes next to it as <stem>.partial.jsonl",
+    )
+    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="sequences per generation call (hf backend)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=None, help="budget (default: per benchmark)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto", help="hf backend: cpu, cuda, cuda:1, auto")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument("--name", default=None, help="row label in the table (default: folder)")
+    parser.add_argument(
+        "--code-timeout", type=float, default=10.0, help="seconds per program (code benchmarks)"
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="discard earlier partial results and start over"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument(
+        "--table",
+        nargs="+",
+        metavar="RESULTS_JSON",
+        default=None,
+        help="print one table from earlier results files (one row each) and exit",
+    )
+
+
+def _error(message: str) -> int:
+    print(f"gmts eval: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _default_name(model: str) -> str:
+    path = Path(model).resolve()
+    parts = [p for p in path.parts[-3:] if p not in ("model", "checkpoints")]
+    return parts[-1] if parts else path.name
+
+
+def run(args: argparse.Namespace) -> int:
+    from gmts.eval.report import format_table, load_summary
+
+    if args.table:
+        try:
+            summaries = [load_summary(p) for p in args.table]
+        except (OSError, ValueError, KeyError) as err:
+            return _error(str(err))
+        print(format_table(summaries))
+        return 0
+
+    from gmts.eval.backends import ModelPathError, resolve_model_path
+    from gmts.eval.benchmarks import parse_benchmarks
+    from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
+    from gmts.eval.results_store import ResultsStore
+
+    # Validate everything cheap before loading a model.
+    if not args.model:
+        return _error("--model is required (a model folder, checkpoint or run folder)")
+    try:
+        model_path = resolve_model_path(args.model)
+        benchmarks = parse_benchmarks(args.benchmarks)
+        config = EvalConfig(
+            n=args.n,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+            limit=args.limit,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            data_dir=args.data_dir,
+            code_timeout=args.code_timeout,
+        )
+    except ModelPathError as err:
+        return _error(str(err))
+    except ValueError as err:
+        return _error(str(err))
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        return _error(f"--data-dir {args.data_dir} is not a folder")
+
+    name = args.name or _default_name(args.model)
+    out = Path(args.out) if args.out else Path(f"eval-{name}.json")
+    if args.backend == "vllm":
+        from gmts.eval.backends import vllm_available
+
+        if not vllm_available():
+            return _error(
+                "--backend vllm needs the vllm package (pip install vllm); or use --backend hf"
+            )
+
+    try:
+        store = ResultsStore(
+            partial_results_path(out),
+            store_settings(str(model_path.resolve()), args.backend, config),
+            fresh=args.fresh,
+        )
+    except ValueError as err:  # other settings, or not a results file
+        return _error(str(err))
+
+    from gmts.eval.backends import make_backend
+
+    kwargs = (
+        {"device": args.device, "dtype": args.dtype, "batch_size": args.batch_size}
+        if args.backend == "hf"
+        else {"dtype": args.dtype, "seed": args.seed}
+    )
+    print(f"loading {model_path} ({args.backend} backend)", file=sys.stderr)
+    backend = make_backend(args.backend, model_path, **kwargs)
+    try:
+        report = evaluate(
+            backend,
+            benchmarks,
+            config,
+            model_name=name,
+            model_id=str(model_path.resolve()),
+            results_path=store,
+            progress=not args.no_progress,
+        )
+    except ValueError as err:  # bad data rows or files, reported by the loaders
+        return _error(str(err))
+
+    from gmts.eval.report import write_report
+
+    write_report(report, out)
+    print(report.table())
+    print(f"per-question results: {out}", file=sys.stderr)
+    return 0

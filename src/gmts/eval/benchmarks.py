@@ -1,0 +1,280 @@
+"""What ``gmts eval`` knows about each benchmark: prompt template, verifier, decoding, budget.
+
+A :class:`BenchmarkSpec` per benchmark name of :func:`gmts.data.datasets.load_benchmark`,
+plus ``builtin:<task>`` for the embedded arithmetic tasks of :mod:`gmts.data.tasks`. The
+paper's protocol: math and commonsense benchmarks are sampled (average@16 at temperature 1.0);
+code benchmarks are decoded greedily and scored pass@1.
+
+:func:`load_eval_benchmark` turns a name into an :class:`EvalBenchmark`: the questions with
+their formatted prompts and a scoring function ``score(completion, item) -> (reward,
+extracted)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Decoding = Literal["sample", "greedy"]
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """How one benchmark is evaluated.
+
+    Attributes:
+        name: the name ``gmts eval --benchmarks`` takes (the loader's name).
+        display: column header in the results table (the paper's spelling).
+        template: prompt template name (:mod:`gmts.data.prompts`).
+        verifier: "math", "choice", "yes_no", "humaneval" or "mbpp".
+        decoding: "sample" (average@n at the chosen temperature) or "greedy" (pass@1).
+        max_new_tokens: default generation budget.
+    """
+
+    name: str
+    display: str
+    template: str
+    verifier: str
+    decoding: Decoding = "sample"
+    max_new_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.decoding not in ("sample", "greedy"):
+            raise ValueError(f"decoding must be 'sample' or 'greedy', got {self.decoding!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+_SPECS: dict[str, BenchmarkSpec] = {}
+
+
+def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
+    """Add a spec; a duplicate name raises ValueError."""
+    if spec.name in _SPECS:
+        raise ValueError(f"benchmark {spec.name!r} is already registered")
+    _SPECS[spec.name] = spec
+    return spec
+
+
+for _spec in (
+    # the paper's five math benchmarks (Table 1 column order) and the other math sets
+    BenchmarkSpec("aime24", "AIME24", "math", "math"),
+    BenchmarkSpec("amc23", "AMC23", "math", "math"),
+    BenchmarkSpec("math500", "MATH-500", "math", "math"),
+    BenchmarkSpec("minerva", "Minerva", "math", "math"),
+    BenchmarkSpec("olympiadbench", "OlympiadBench", "math", "math"),
+    BenchmarkSpec("gsm8k", "GSM8K", "math", "math"),
+    BenchmarkSpec("math12k", "MATH-12K", "math", "math"),
+    # commonsense (Tables 4-5, right)
+    BenchmarkSpec("csqa", "CS-QA", "commonsense_choice", "choice"),
+    BenchmarkSpec("csqa2", "CS-QA2", "commonsense_yesno", "yes_no"),
+    # code (Tables 4-5, left): greedy pass@1
+    BenchmarkSpec("humaneval", "HumanEval", "code", "humaneval", "greedy"),
+    BenchmarkSpec("mbpp", "MBPP", "code", "mbpp", "greedy"),
+):
+    register_benchmark(_spec)
+
+PAPER_MATH_BENCHMARKS = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
+"""The five math benchmarks of the paper's Tables 1, 2, 6 and 7, in its column order."""
+
+
+def _loader_names() -> list[str]:
+    from gmts.data.datasets import available_benchmarks
+
+    return list(available_benchmarks())
+
+
+def _task_names() -> list[str]:
+    from gmts.data.tasks import available_tasks
+
+    return list(available_tasks())
+
+
+def available_eval_benchmarks() -> list[str]:
+    """Every name ``gmts eval`` accepts: dataset benchmarks with a spec, then ``builtin:*``."""
+    loaders = set(_loader_names())
+    names = [name for name in _SPECS if name in loaders]
+    return names + [BUILTIN_PREFIX + t for t in _task_names()]
+
+
+def get_spec(name: str) -> BenchmarkSpec:
+    """The spec of a dataset benchmark or a ``builtin:<task>``; unknown names list valid ones."""
+    if name.startswith(BUILTIN_PREFIX):
+        task_name = name[len(BUILTIN_PREFIX) :]
+        if task_name in _task_names():
+            from gmts.data.tasks import get_task
+
+            task = get_task(task_name)
+            return BenchmarkSpec(name, name, "plain", "task", "sample", task.max_new_tokens)
+    elif name in _SPECS and name in _loader_names():
+        return _SPECS[name]
+    raise ValueError(
+        f"unknown benchmark {name!r}; valid benchmarks: {', '.join(available_eval_benchmarks())}"
+    )
+
+
+def parse_benchmarks(text: str | list[str]) -> list[str]:
+    """Split a comma-separated list, drop blanks and duplicates, and check every name.
+
+    Raises ValueError naming the bad names and listing the valid ones (before any loading).
+    """
+    items = text.split(",") if isinstance(text, str) else [p for t in text for p in t.split(",")]
+    names: list[str] = []
+    for item in (i.strip() for i in items):
+        if item and item not in names:
+            names.append(item)
+    if not names:
+        raise ValueError("benchmarks: give at least one benchmark name")
+    bad = []
+    for name in names:
+        try:
+            get_spec(name)
+        except ValueError:
+            bad.append(name)
+    if bad:
+        raise ValueError(
+            f"unknown benchmark(s) {', '.join(map(repr, bad))}; valid benchmarks: "
+            f"{', '.join(available_eval_benchmarks())}"
+        )
+    return names
+
+
+# ------------------------------------------------------------------------------------------
+# loading and scoring
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One question ready for generation.
+
+    Attributes:
+        id: the question's id (stable across runs; the resume key).
+        question: the question text as loaded.
+        answer: the gold answer (for code benchmarks: a short description; tests live in meta).
+        prompt: the text given to the model (template applied).
+        meta: loader extras (choices, tests, entry point, ...).
+    """
+
+    id: str
+    question: str
+    answer: str
+    prompt: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+Scorer = Callable[[str, EvalItem], tuple[float, Any]]
+"""``score(completion, item) -> (reward in [0, 1], extracted answer for the record)``."""
+
+
+@dataclass(frozen=True)
+class EvalBenchmark:
+    """A loaded benchmark: spec, items in file order, and its scorer."""
+
+    spec: BenchmarkSpec
+    items: list[EvalItem]
+    score: Scorer
+
+
+def _math_scorer(reward_name: str) -> Scorer:
+    from gmts.rewards import get_reward
+    from gmts.rewards.boxed import extract_boxed
+
+    reward = get_reward(reward_name)
+
+    def score(completion: str, item: EvalItem) -> tuple[float, Any]:
+        return float(reward(completion, item.answer)), extract_boxed(completion)
+
+    return score
+
+
+def _choice_scorer(reward_name: str, extractor_name: str | None) -> Scorer:
+    import gmts.rewards as rewards
+
+    reward = rewards.get_reward(reward_name)
+    extract = getattr(rewards, extractor_name, None) if extractor_name else None
+    if extract is None:
+        from gmts.rewards.boxed import extract_boxed as extract
+
+    def score(completion: str, item: EvalItem) -> tuple[float, Any]:
+        return float(reward(completion, item.answer)), extract(completion)
+
+    return score
+
+
+def _code_scorer(kind: str, timeout: float) -> Scorer:
+    import gmts.rewards as rewards
+
+    build = rewards.humaneval_program if kind == "humaneval" else rewards.mbpp_program
+
+    def score(completion: str, item: EvalItem) -> tuple[float, Any]:
+        code = rewards.extract_code_block(completion)
+        program, tests = build(completion, item.meta)
+        return float(rewards.code_reward(program, tests, timeout=timeout)), code
+
+    return score
+
+
+def _choices_of(meta: Mapping[str, Any]) -> Any:
+    choices = meta.get("choices")
+    if isinstance(choices, Mapping) and "label" in choices and "text" in choices:
+        return list(zip(choices["label"], choices["text"]))
+    return choices
+
+
+def load_eval_benchmark(
+    name: str,
+    *,
+    tokenizer: Any,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    code_timeout: float = 10.0,
+) -> EvalBenchmark:
+    """Load benchmark ``name`` and format its prompts for ``tokenizer``.
+
+    Args:
+        name: a name of :func:`available_eval_benchmarks`.
+        tokenizer: chat template source for :func:`gmts.data.prompts.format_prompt` (or None).
+        data_dir: folder of the benchmark files (the loader's default when None).
+        limit: keep the first ``limit`` questions (file order).
+        code_timeout: seconds per program for code benchmarks.
+    """
+    from gmts.data.prompts import format_prompt
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    spec = get_spec(name)
+    if spec.verifier == "task":
+        from gmts.data.tasks import get_task
+
+        task = get_task(name[len(BUILTIN_PREFIX) :])
+        problems = task.held_out(limit or 200)
+        items = [
+            EvalItem(id=str(i), question=p.prompt, answer=p.answer, prompt=p.prompt)
+            for i, p in enumerate(problems)
+        ]
+        return EvalBenchmark(spec, items, lambda c, item: (float(task.reward(c, item.answer)), c))
+
+    from gmts.data.datasets import load_benchmark
+
+    examples = load_benchmark(name, data_dir=data_dir, limit=limit)
+    items = []
+    for ex in examples:
+        meta = dict(ex.meta or {})
+        choices = _choices_of(meta) if spec.template == "commonsense_choice" else None
+        template = spec.template
+        if template == "commonsense_choice" and not choices:
+            template = "math"  # the loader already wrote the choices into the question
+        prompt = format_prompt(tokenizer, ex.question, template=template, choices=choices)
+        items.append(EvalItem(str(ex.id), ex.question, str(ex.answer), prompt, meta))
+    if spec.verifier == "math":
+        scorer = _math_scorer("math")
+    elif spec.verifier == "choice":
+        scorer = _choice_scorer("choice", "extract_choice")
+    elif spec.verifier == "yes_no":
+        scorer = _choice_scorer("yes_no", "extract_yes_no")
+    else:
+        scorer = _code_scorer(spec.verifier, code_timeout)
+    return EvalBenchmark(spec, items, scorer)

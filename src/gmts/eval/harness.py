@@ -1,0 +1,245 @@
+"""The evaluation harness behind ``gmts eval``: sample, verify, score, resume.
+
+For each benchmark the questions are cut, in file order, into chunks of
+``max(1, batch_size // n)`` questions. Each chunk is one backend call with its own seed,
+derived from ``(seed, benchmark, chunk index)``; so a chunk's completions do not depend on which
+other chunks ran in this process, and a resumed run reproduces exactly what a one-shot run
+would have produced (same hardware, same batch size). Each finished question is appended to the
+JSONL store (:mod:`gmts.eval.results_store`) at once; a rerun skips the chunks whose questions
+are all recorded.
+
+Metrics: sampled benchmarks report average@n, the mean over questions of the mean reward of
+the question's n samples (:func:`gmts.eval.metrics.average_at_k`); greedy (code) benchmarks
+report pass@1 with one greedy completion per question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gmts.eval.backends import GenerationBackend
+from gmts.eval.benchmarks import EvalBenchmark, get_spec, load_eval_benchmark, parse_benchmarks
+from gmts.eval.report import BenchmarkResult, EvalReport
+from gmts.eval.results_store import QuestionRecord, ResultsStore
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings of one evaluation (the CLI flags of ``gmts eval``).
+
+    Attributes:
+        n: samples per question for sampled benchmarks (the paper: 16).
+        temperature: sampling temperature (the paper: 1.0). Greedy benchmarks ignore n and
+            temperature (one completion at temperature 0).
+        max_new_tokens: generation budget; None = each benchmark's default.
+        limit: evaluate only the first ``limit`` questions of each benchmark.
+        seed: base seed of the per-chunk seeds.
+        batch_size: sequences per backend call (a chunk holds ``max(1, batch_size // n)``
+            questions). Changing it changes which samples are drawn, not their distribution.
+        data_dir: folder of the benchmark files (loader default when None).
+        code_timeout: seconds per program for code benchmarks.
+    """
+
+    n: int = 16
+    temperature: float = 1.0
+    max_new_tokens: int | None = None
+    limit: int | None = None
+    seed: int = 0
+    batch_size: int = 64
+    data_dir: str | None = None
+    code_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.code_timeout <= 0:
+            raise ValueError(f"code_timeout must be > 0, got {self.code_timeout}")
+
+
+def derive_seed(seed: int, benchmark: str, chunk_index: int) -> int:
+    """A 31-bit seed for one chunk, stable across processes and platforms."""
+    digest = hashlib.sha256(f"{seed}/{benchmark}/{chunk_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def decoding_for(benchmark: str, config: EvalConfig) -> tuple[int, float, str]:
+    """``(n, temperature, metric name)`` for a benchmark under ``config``."""
+    spec = get_spec(benchmark)
+    if spec.decoding == "greedy" or config.temperature == 0.0:
+        return 1, 0.0, "pass@1"  # greedy: n identical samples would add nothing
+    return config.n, config.temperature, f"average@{config.n}"
+
+
+def store_settings(model_id: str, backend_name: str, config: EvalConfig) -> dict[str, Any]:
+    """What must match for a results file to be resumed (everything that changes samples)."""
+    return {
+        "model": model_id,
+        "backend": backend_name,
+        "n": config.n,
+        "temperature": config.temperature,
+        "max_new_tokens": config.max_new_tokens,
+        "seed": config.seed,
+        "batch_size": config.batch_size,
+    }
+
+
+def partial_results_path(out_path: str | os.PathLike[str]) -> Path:
+    """The JSONL store next to a results JSON: ``results.json`` -> ``results.partial.jsonl``."""
+    out = Path(out_path)
+    return out.with_name(out.stem + ".partial.jsonl")
+
+
+def _progress(total: int, initial: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="q",
+        disable=not enabled,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+
+
+def evaluate_benchmark(
+    backend: GenerationBackend,
+    bench: EvalBenchmark,
+    config: EvalConfig,
+    store: ResultsStore | None = None,
+    *,
+    progress: bool = True,
+) -> BenchmarkResult:
+    """Generate, verify and score every question of ``bench`` not yet in ``store``."""
+    from gmts.eval.metrics import average_at_k
+
+    spec = bench.spec
+    n, temperature, metric = decoding_for(spec.name, config)
+    max_new_tokens = config.max_new_tokens or spec.max_new_tokens
+    per_chunk = max(1, config.batch_size // n)
+    items = bench.items
+    done: dict[str, QuestionRecord] = {}
+    if store is not None:
+        for item in items:
+            record = store.get(spec.name, item.id)
+            if record is not None:
+                done[item.id] = record
+
+    bar = _progress(len(items), len(done), spec.display, progress)
+    try:
+        for chunk_index, start in enumerate(range(0, len(items), per_chunk)):
+            chunk = items[start : start + per_chunk]
+            if all(item.id in done for item in chunk):
+                continue
+            outputs = backend.generate(
+                [item.prompt for item in chunk],
+                n=n,
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                seed=derive_seed(config.seed, spec.name, chunk_index),
+            )
+            if len(outputs) != len(chunk) or any(len(o) != n for o in outputs):
+                raise RuntimeError(
+                    f"backend {backend.name!r} returned the wrong number of completions"
+                )
+            new_records = []
+            for item, completions in zip(chunk, outputs):
+                if item.id in done:
+                    continue
+                scored = [bench.score(c, item) for c in completions]
+                record = QuestionRecord(
+                    benchmark=spec.name,
+                    id=item.id,
+                    question=item.question,
+                    answer=item.answer,
+                    completions=list(completions),
+                    rewards=[float(r) for r, _ in scored],
+                    extracted=[e for _, e in scored],
+                )
+                done[item.id] = record
+                new_records.append(record)
+            if store is not None:
+                store.add(new_records)
+            bar.update(len(new_records))
+    finally:
+        bar.close()
+
+    import torch
+
+    records = [done[item.id] for item in items]
+    rewards = torch.tensor([r.rewards for r in records], dtype=torch.float64).reshape(-1, n)
+    score = float(average_at_k(rewards)) if records else 0.0
+    return BenchmarkResult(
+        name=spec.name,
+        display=spec.display,
+        metric=metric,
+        score=score,
+        num_questions=len(records),
+        samples_per_question=n,
+        records=records,
+    )
+
+
+def evaluate(
+    backend: GenerationBackend,
+    benchmarks: Sequence[str] | str,
+    config: EvalConfig | None = None,
+    *,
+    model_name: str = "model",
+    model_id: str | None = None,
+    results_path: str | os.PathLike[str] | ResultsStore | None = None,
+    fresh: bool = False,
+    progress: bool = True,
+) -> EvalReport:
+    """Evaluate ``backend`` on ``benchmarks`` and return the report (table + per question).
+
+    Args:
+        backend: a :class:`GenerationBackend` (its tokenizer formats the prompts).
+        benchmarks: names (or one comma-separated string) of :func:`available_eval_benchmarks`.
+        config: sampling settings; defaults to the paper's (n=16, temperature 1.0).
+        model_name: the row label of the table.
+        model_id: identifies the model in the resume file (default: ``model_name``).
+        results_path: the JSONL store (a path, or a :class:`ResultsStore` opened with
+            :func:`store_settings`); None = keep nothing on disk (no resume).
+        fresh: discard an existing store at ``results_path``.
+        progress: show a progress bar per benchmark (on stderr).
+    """
+    config = config or EvalConfig()
+    names = parse_benchmarks(list(benchmarks) if not isinstance(benchmarks, str) else benchmarks)
+    settings = store_settings(model_id or model_name, backend.name, config)
+    if isinstance(results_path, ResultsStore):
+        store: ResultsStore | None = results_path
+        if store.settings != ResultsStore.normalise(settings):
+            raise ValueError("results_path: the store was opened with other settings")
+    elif results_path is not None:
+        store = ResultsStore(results_path, settings, fresh=fresh)
+    else:
+        store = None
+    results = []
+    for name in names:
+        bench = load_eval_benchmark(
+            name,
+            tokenizer=getattr(backend, "tokenizer", None),
+            data_dir=config.data_dir,
+            limit=config.limit,
+            code_timeout=config.code_timeout,
+        )
+        results.append(evaluate_benchmark(backend, bench, config, store, progress=progress))
+    settings = {**settings, **{k: v for k, v in asdict(config).items() if k not in settings}}
+    settings["benchmarks"] = names
+    return EvalReport(model=model_name, benchmarks=results, settings=settings)
