@@ -1,0 +1,70 @@
+"""The typed record of one rollout batch in flight through the trainer.
+
+Rows are grouped: the ``G`` answers of one question are consecutive rows and share a
+``group_id``. Prompts are left-padded, responses right-padded; ``response_mask`` comes from the
+generated lengths (EOS included), never from token values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """One (per-rank) rollout batch with everything the update needs.
+
+    Attributes:
+        prompt_ids: ``(B, P)`` long, left-padded. prompt_mask: ``(B, P)`` bool.
+        response_ids: ``(B, T)`` long, right-padded. response_mask: ``(B, T)`` bool.
+        rewards: ``(B,)`` float32 final rewards (overlong penalty included).
+        advantages: ``(B,)`` float32 group advantages.
+        group_ids: ``(B,)`` long, consecutive rows of a group share one id.
+        old_logprobs, old_entropy: ``(B, T)`` float32 under the rollout policy (no grad).
+        old_logit_grad_norm: ``(B, T)`` or None (only when a score needs it).
+        ref_logprobs: ``(B, T)`` under the frozen reference, or None (no KL).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    group_ids: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    old_entropy: torch.Tensor | None = None
+    old_logit_grad_norm: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """``(B, P + T)`` prompt then response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """``(B, P + T)`` long."""
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1).long()
+
+    def rows(self, index: slice | torch.Tensor) -> TrainBatch:
+        """The sub-batch of rows ``index`` (tensors are views where possible)."""
+        kw = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kw[f.name] = value[index] if isinstance(value, torch.Tensor) else value
+        return TrainBatch(**kw)
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        kw = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kw[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
+        return TrainBatch(**kw)

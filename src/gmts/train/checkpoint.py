@@ -1,0 +1,133 @@
+"""Atomic training checkpoints: write to a temporary folder, then rename it into place.
+
+Layout of ``<run_dir>/checkpoints/step_000010/``::
+
+    model/              the policy (save_pretrained + tokenizer: a usable Hugging Face model dir)
+    trainer_state.pt    optimizer, scheduler, RNG states, data position, step
+
+A folder only ever appears under its final name complete (``os.replace`` of a finished
+temporary folder), so a run killed at any moment leaves either the previous checkpoints or the
+new one, never half of one. Leftover ``.tmp-*`` folders are removed on the next save/resume.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_NAME = re.compile(r"^step_(\d{6,})$")
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The global RNG states (python, torch CPU, CUDA when present, numpy when installed)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        pass
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as (step, path), oldest first."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_dir() and (p / "trainer_state.pt").is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+def _remove_temporaries(root: Path) -> None:
+    for p in root.glob("*.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically and delete all but the newest ``keep``.
+
+    ``trainer_state`` holds everything but the weights (optimizer, scheduler, RNG, data
+    position, step); it is saved with ``torch.save``.
+    """
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_temporaries(root)
+    final = root / f"step_{step:06d}"
+    tmp = root / f"{final.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp / "model")
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    _fsync_tree(tmp)
+    if final.exists():  # a re-run of the same step: replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for _, old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in path.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,525 @@
+"""The standalone RLVR trainer: GRPO / DAPO with token selection (none, ETS, GMTS, ...).
+
+One training step (``Trainer.train_step``):
+
+    rollout (G samples per question, temperature, KV cache, batched)
+      -> rewards (a raising reward fn gives 0 and is counted) [+ DAPO overlong punishment]
+      -> DAPO dynamic sampling: drop all-equal groups, sample more rounds, top up at the limit
+      -> group advantages
+      -> old log-probs and entropies (no grad, micro-batched); reference log-probs if KL
+      -> for each epoch, for each mini-batch: update_minibatch (score with the current policy,
+         one global selection, one global denominator, micro-batched backward, one step)
+
+Departures from the paper and why (see docs/training.md for the full list):
+- mini-batches are taken in order (no shuffling) so that groups stay whole and runs are
+  reproducible; the paper does not specify an order.
+- when dynamic sampling hits ``max_sampling_rounds``, the batch is topped up with dropped
+  (zero-advantage) groups instead of failing, so every rank keeps the same shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gmts.core.advantages import dynamic_sampling_keep, group_advantages
+from gmts.core.logprobs import TokenStatistics
+from gmts.train import checkpoint as ckpt
+from gmts.train.batch import TrainBatch
+from gmts.train.config import TrainConfig, dump_yaml
+from gmts.train.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    barrier,
+    init_distributed,
+    resolve_device,
+)
+from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
+from gmts.train.sources import DatasetSource, RewardFn, TaskSource, dataset_reward
+from gmts.train.update import (
+    UpdateSettings,
+    batched_statistics,
+    needs_logit_grad_norm,
+    update_minibatch,
+)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    eval_before: dict[str, float] | None = None
+    eval_after: dict[str, float] | None = None
+
+
+def resolve_model_path(cfg: TrainConfig, progress: bool = False) -> str:
+    """The model directory (or hub id) to load; raises ValueError with one line if missing."""
+    path = cfg.model.path
+    if path == "embedded":
+        from gmts.train.warmstart import warm_start
+
+        return str(warm_start(cfg.data.task, seed=cfg.seed, progress=progress))
+    p = Path(path).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ValueError(
+                f"model.path: {p} is not a Hugging Face model directory (no config.json)"
+            )
+        return str(p)
+    if _HUB_ID.match(path) and not path.startswith("."):
+        return path  # a hub id: from_pretrained reports if it cannot be reached
+    raise ValueError(f"model.path: {path} does not exist")
+
+
+def load_policy(path: str, cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
+    """(model, tokenizer) from a local directory or hub id, on ``device``, dropout off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bar is the only one
+
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    kw = {"trust_remote_code": cfg.model.trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw).to(device)
+    except OSError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"model.path: cannot load {path!r}: {first}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    for module in model.modules():  # RL ratios need the same function in every pass
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    model.train()
+    return model, tokenizer
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int):
+    """Warmup then constant or cosine (to ``min_lr_ratio``), as a multiplier of the peak lr."""
+    o = cfg.optim
+
+    def factor(step: int) -> float:
+        if step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        span = max(total_steps - o.warmup_steps, 1)
+        progress = min((step - o.warmup_steps) / span, 1.0)
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _sampling_seed(seed: int, step: int, round_: int, rank: int) -> int:
+    return (seed * 1_000_003 + step * 7_919 + round_ * 104_729 + rank * 15_485_863) % (2**31 - 1)
+
+
+class Trainer:
+    """Owns the model, optimizer, data source and logger of one run."""
+
+    def __init__(
+        self, cfg: TrainConfig, *, resume: bool = False, reward_fn: RewardFn | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.info: DistInfo = init_distributed(cfg.model.device)
+        world = self.info.world_size
+        r = cfg.rollout
+        for name, value in (
+            ("rollout.questions_per_batch", r.questions_per_batch),
+            ("optim.mini_batch_questions", cfg.mini_batch_questions),
+        ):
+            if value % world:
+                raise ValueError(f"{name} ({value}) must be divisible by the {world} processes")
+        self.device = resolve_device(cfg.model.device, self.info)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.run_dir = Path(cfg.logging.output_dir)
+        show = cfg.logging.progress and self.info.is_main
+
+        # The model: rank 0 builds/caches the embedded warm start first, then the others.
+        if self.info.is_main:
+            base_path = resolve_model_path(cfg, progress=show)
+        barrier(self.info)
+        if not self.info.is_main:
+            base_path = resolve_model_path(cfg)
+        self.resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
+        load_path = str(self.resume_from / "model") if self.resume_from else base_path
+        self.model, self.tokenizer = load_policy(load_path, cfg, self.device)
+        self.ref_model = None
+        if cfg.objective.kl_coef > 0:  # the reference is always the starting policy
+            self.ref_model, _ = load_policy(base_path, cfg, self.device)
+            self.ref_model.eval().requires_grad_(False)
+
+        # Data and rewards.
+        self.task = None
+        if cfg.data.dataset is None:
+            from gmts.data.tasks import get_task
+
+            self.task = get_task(cfg.data.task)
+            self.source: Any = TaskSource(self.task, cfg.seed)
+            self.reward_fn = reward_fn or self.task.reward
+            self.max_new_tokens = r.max_response_length or self.task.max_new_tokens
+        else:
+            self.source = DatasetSource(
+                cfg.data.dataset,
+                question_field=cfg.data.question_field,
+                answer_field=cfg.data.answer_field,
+                tokenizer=self.tokenizer,
+                template=cfg.data.template,
+                max_prompt_tokens=r.max_prompt_length,
+                shuffle=cfg.data.shuffle,
+                seed=cfg.seed,
+            )
+            self.reward_fn = reward_fn or dataset_reward(cfg.data.reward)
+            self.max_new_tokens = r.max_response_length or 1024
+
+        # Optimisation.
+        self.minibatches = r.questions_per_batch // cfg.mini_batch_questions
+        self.total_opt_steps = cfg.optim.steps * self.minibatches * cfg.optim.epochs
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg, self.total_opt_steps)
+        )
+        self.settings = UpdateSettings(
+            objective=cfg.objective,
+            selection=cfg.selection,
+            micro_batch_size=cfg.optim.micro_batch_size,
+            temperature=r.temperature,
+            chunk_size=cfg.model.logits_chunk_size,
+            grad_clip=cfg.optim.grad_clip,
+            overlap_metrics=cfg.logging.overlap_metrics,
+        )
+        self.step = 0
+        self.skipped_total = 0
+        if self.resume_from is not None:
+            state = ckpt.load_trainer_state(self.resume_from)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.source.load_state_dict(state["source"])
+            ckpt.restore_rng_state(state["rng"])
+            self.step = int(state["step"])
+            self.skipped_total = int(state.get("skipped_total", 0))
+        self.logger = MetricsLogger(
+            self.run_dir,
+            report_to=cfg.logging.report_to,
+            enabled=self.info.is_main,
+            wandb_project=cfg.logging.wandb_project,
+        )
+        if self.info.is_main:
+            if self.resume_from is not None:
+                truncate_metrics(self.run_dir, self.step)
+                truncate_metrics(self.run_dir, self.step, EVAL_FILE)
+            (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+
+    # ------------------------------------------------------------------ rollout and rewards
+
+    def _rewards(self, completions: list[str], answers: list[str]) -> tuple[torch.Tensor, int]:
+        values, errors = [], 0
+        for completion, answer in zip(completions, answers):
+            try:
+                value = float(self.reward_fn(completion, answer))
+                if not math.isfinite(value):
+                    raise ValueError("non-finite reward")
+            except Exception:  # any failure of a user reward: 0 for this sample, counted
+                value, errors = 0.0, errors + 1
+            values.append(value)
+        return torch.tensor(values, dtype=torch.float32), errors
+
+    def _overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor:
+        """DAPO soft overlong punishment: 0 up to L_max - L_cache, then linear to -penalty."""
+        r = self.cfg.rollout
+        if r.overlong_buffer == 0:
+            return torch.zeros(lengths.shape, dtype=torch.float32)
+        start = self.max_new_tokens - r.overlong_buffer
+        frac = ((lengths.float().cpu() - start) / r.overlong_buffer).clamp(0.0, 1.0)
+        return -r.overlong_penalty * frac
+
+    def collect(self, step: int) -> tuple[TrainBatch, dict[str, float]]:
+        """This rank's rollout batch for ``step`` (dynamic sampling included) and its metrics."""
+        from gmts.train.rollout import Rollout, generate_rollouts
+
+        cfg, r, info = self.cfg, self.cfg.rollout, self.info
+        G = r.group_size
+        n_local = r.questions_per_batch // info.world_size
+        kept: list[tuple[Any, torch.Tensor, torch.Tensor]] = []  # (rollout, reward, raw reward)
+        dropped: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+        have = generated = errors = 0
+        rounds = 0
+        while True:
+            problems = self.source.next(r.questions_per_batch)  # identical on every rank
+            mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
+            if have < n_local:
+                roll = generate_rollouts(
+                    self.model,
+                    self.tokenizer,
+                    mine,
+                    num_samples=G,
+                    max_new_tokens=self.max_new_tokens,
+                    temperature=r.temperature,
+                    batch_size=r.generation_batch_size,
+                    seed=_sampling_seed(cfg.seed, step, rounds, info.rank),
+                )
+                raw, errs = self._rewards(roll.completions, roll.answers)
+                errors += errs
+                reward = raw + self._overlong_penalty(roll.response_lengths)
+                keep = (
+                    dynamic_sampling_keep(reward, G)
+                    if r.dynamic_sampling
+                    else torch.ones(len(mine), dtype=torch.bool)
+                )
+                take = keep.clone()
+                take[keep.cumsum(0) > n_local - have] = False  # only as many as still needed
+                rows_take, rows_drop = take.repeat_interleave(G), (~keep).repeat_interleave(G)
+                if take.any():
+                    kept.append((roll.select(rows_take), reward[rows_take], raw[rows_take]))
+                if rows_drop.any():
+                    dropped.append((roll.select(rows_drop), reward[rows_drop], raw[rows_drop]))
+                have += int(take.sum())
+                generated += len(mine)
+            rounds += 1
+            missing = all_reduce_sum(torch.tensor([float(n_local - have)]), info).item()
+            if not r.dynamic_sampling or missing == 0 or rounds >= r.max_sampling_rounds:
+                break
+        topped_up = n_local - have
+        for roll, reward, raw in dropped:  # at the round limit: fill with zero-advantage groups
+            if have >= n_local:
+                break
+            n = min(roll.num_groups, n_local - have)
+            rows = torch.arange(n * G)
+            kept.append((roll.select(rows), reward[rows], raw[rows]))
+            have += n
+        roll = Rollout.concat([k[0] for k in kept]).to("cpu")
+        reward = torch.cat([k[1] for k in kept])
+        raw = torch.cat([k[2] for k in kept])
+        advantages = group_advantages(reward, G, std_normalize=r.std_normalize)
+        batch = TrainBatch(
+            prompt_ids=roll.prompt_ids,
+            prompt_mask=roll.prompt_mask,
+            response_ids=roll.response_ids,
+            response_mask=roll.response_mask,
+            rewards=reward,
+            advantages=advantages.float(),
+            group_ids=roll.group_ids + info.rank * n_local,  # global group ids
+        )
+        lengths = roll.response_lengths.float()
+        sums = torch.tensor(
+            [
+                float(len(reward)),
+                float(reward.sum()),
+                float(raw.sum()),
+                float((raw > 0).sum()),
+                float(lengths.sum()),
+                float((~roll.finished).sum()),
+                float(errors),
+                float(generated),
+                float(topped_up),
+                float(roll.response_mask.sum()),
+            ],
+            dtype=torch.float64,
+        )
+        t = all_reduce_sum(sums, info).tolist()
+        n = max(t[0], 1.0)
+        metrics = {
+            "reward/mean": t[1] / n,
+            "reward/raw_mean": t[2] / n,
+            "reward/accuracy": t[3] / n,
+            "reward/errors": t[6],
+            "response/length_mean": t[4] / n,
+            "response/truncated_fraction": t[5] / n,
+            "response/tokens": t[9],
+            "sampling/rounds": float(rounds),
+        }
+        if r.dynamic_sampling:
+            metrics["sampling/kept_group_fraction"] = (
+                (t[0] / G - t[8]) / max(t[7], 1.0) if t[7] else 0.0
+            )
+            metrics["sampling/topped_up_groups"] = t[8]
+        return batch.to(self.device), metrics
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        batch, metrics = self.collect(step)
+        t_rollout = time.perf_counter() - t0
+        micro = cfg.optim.micro_batch_size
+        temp, chunk = cfg.rollout.temperature, cfg.model.logits_chunk_size
+        old = batched_statistics(
+            self.model,
+            batch,
+            micro_batch_size=micro,
+            temperature=temp,
+            chunk_size=chunk,
+            logit_grad_norm=needs_logit_grad_norm(cfg.selection),
+        )
+        batch.old_logprobs, batch.old_entropy = old.logprobs, old.entropy
+        batch.old_logit_grad_norm = old.logit_grad_norm
+        if self.ref_model is not None:
+            batch.ref_logprobs = batched_statistics(
+                self.ref_model, batch, micro_batch_size=micro, temperature=temp, chunk_size=chunk
+            ).logprobs
+        mask = batch.response_mask
+        ent = all_reduce_sum(
+            torch.stack([(old.entropy.double() * mask).sum(), mask.sum().double()]), self.info
+        )
+        metrics["policy/entropy"] = (ent[0] / ent[1].clamp_min(1)).item()
+
+        rows_per_mb = cfg.mini_batch_questions // self.info.world_size * cfg.rollout.group_size
+        opt_step = step * self.minibatches * cfg.optim.epochs
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for epoch in range(cfg.optim.epochs):
+            for i in range(self.minibatches):
+                rows = slice(i * rows_per_mb, (i + 1) * rows_per_mb)
+                current = None
+                if epoch == 0 and i == 0:  # the policy has not changed since the rollout
+                    lgn = old.logit_grad_norm
+                    current = TokenStatistics(
+                        old.logprobs[rows], old.entropy[rows], None if lgn is None else lgn[rows]
+                    )
+                m = update_minibatch(
+                    self.model,
+                    self.optimizer,
+                    batch.rows(rows),
+                    self.settings,
+                    info=self.info,
+                    step=opt_step,
+                    current=current,
+                )
+                self.scheduler.step()
+                opt_step += 1
+                for k, v in m.items():
+                    if k == "update/skipped_nonfinite" or math.isfinite(v):
+                        sums[k] = sums.get(k, 0.0) + v
+                        counts[k] = counts.get(k, 0) + 1
+        for k, v in sums.items():
+            metrics[k] = v if k == "update/skipped_nonfinite" else v / counts[k]
+        self.skipped_total += int(sums.get("update/skipped_nonfinite", 0))
+        metrics["update/skipped_total"] = float(self.skipped_total)
+        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        step_time = time.perf_counter() - t0
+        metrics["time/rollout_s"] = t_rollout
+        metrics["time/update_s"] = step_time - t_rollout
+        metrics["time/step_s"] = step_time
+        metrics["time/tokens_per_s"] = metrics["response/tokens"] / max(step_time, 1e-9)
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation, saving
+
+    def evaluate(self) -> dict[str, float] | None:
+        """average@k / pass@k on the task's held-out questions (rank 0; None for datasets)."""
+        d = self.cfg.data
+        if self.task is None or d.eval_questions == 0:
+            return None
+        result = None
+        if self.info.is_main:
+            from gmts.train.evaluation import evaluate_policy
+
+            result = evaluate_policy(
+                self.model,
+                self.tokenizer,
+                self.task,
+                n_questions=d.eval_questions,
+                k=d.eval_samples,
+                seed=self.cfg.seed,
+                batch_size=self.cfg.rollout.generation_batch_size,
+            )
+        barrier(self.info)
+        return result
+
+    def save(self) -> None:
+        if self.info.is_main:
+            state = {
+                "step": self.step,
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "source": self.source.state_dict(),
+                "rng": ckpt.capture_rng_state(),
+                "skipped_total": self.skipped_total,
+                "config": dataclasses.asdict(self.cfg),
+            }
+            ckpt.save_checkpoint(
+                self.run_dir,
+                self.step,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                trainer_state=state,
+                keep=self.cfg.checkpoint.keep,
+            )
+        barrier(self.info)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> TrainResult:
+        cfg = self.cfg
+        result = TrainResult(run_dir=self.run_dir, steps=cfg.optim.steps)
+        if self.step == 0 and cfg.data.eval_before:
+            result.eval_before = self.evaluate()
+            if result.eval_before is not None:
+                self.logger.log(0, result.eval_before, EVAL_FILE)
+        bar = None
+        if cfg.logging.progress and self.info.is_main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.optim.steps, initial=self.step, desc="train", unit="step")
+        every = cfg.checkpoint.every
+        t_start = time.perf_counter()
+        while self.step < cfg.optim.steps:
+            metrics = self.train_step(self.step)
+            self.step += 1
+            metrics["time/elapsed_s"] = time.perf_counter() - t_start
+            self.logger.log(self.step, metrics)
+            result.history.append(metrics)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{metrics['reward/mean']:.3f}",
+                    acc=f"{metrics['reward/accuracy']:.2f}",
+                    sel=f"{metrics.get('select/fraction', 1.0):.2f}",
+                )
+            d_every = cfg.data.eval_every
+            if d_every and self.step % d_every == 0 and self.step < cfg.optim.steps:
+                ev = self.evaluate()
+                if ev is not None:
+                    self.logger.log(self.step, ev, EVAL_FILE)
+            if every and self.step % every == 0 and self.step < cfg.optim.steps:
+                self.save()
+        if bar is not None:
+            bar.close()
+        if cfg.checkpoint.save_final and (self.resume_from is None or cfg.optim.steps > 0):
+            self.save()
+        result.eval_after = self.evaluate()
+        if result.eval_after is not None:
+            self.logger.log(self.step, result.eval_after, EVAL_FILE)
+        self.logger.close()
+        return result
+
+
+def train(
+    cfg: TrainConfig, *, resume: bool = False, reward_fn: RewardFn | None = None
+) -> TrainResult:
+    """Train a policy as ``cfg`` says; see :class:`Trainer`. Returns the history and evals."""
+    return Trainer(cfg, resume=resume, reward_fn=reward_fn).run()

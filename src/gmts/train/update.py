@@ -1,0 +1,306 @@
+"""One optimizer step on one mini-batch: score, select once, micro-batched backward, step.
+
+The order matters for exactness:
+
+1. the scores come from the CURRENT policy (the rollout-time statistics are passed in while the
+   policy has not changed since the rollout; otherwise one no-grad pass computes them);
+2. ONE selection over the whole mini-batch (global across ranks with a process group);
+3. the loss denominator is computed once for the whole mini-batch (global across ranks), so
+   the micro-batch losses add up to the mini-batch loss and accumulation is exact;
+4. gradients are summed over ranks, checked for finiteness, clipped, and applied once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gmts.core.logprobs import TokenStatistics, token_statistics
+from gmts.core.objectives import (
+    ObjectiveConfig,
+    gradient_coefficient,
+    loss_denominator,
+    policy_loss,
+)
+from gmts.core.scores import SCORE_REQUIREMENTS, ScoreInputs, compute_scores
+from gmts.core.selection import select_tokens
+from gmts.train.batch import TrainBatch
+from gmts.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What :func:`update_minibatch` needs besides the model and the data."""
+
+    objective: ObjectiveConfig
+    selection: Any  # gmts.core.config.SelectionConfig
+    micro_batch_size: int
+    temperature: float = 1.0
+    chunk_size: int | None = None
+    grad_clip: float | None = 1.0
+    overlap_metrics: bool = True
+
+
+def needs_logit_grad_norm(selection: Any) -> bool:
+    return selection.score != "none" and "logit_grad_norm" in SCORE_REQUIREMENTS[selection.score]
+
+
+def micro_slices(num_rows: int, size: int) -> Iterator[slice]:
+    for start in range(0, num_rows, size):
+        yield slice(start, min(start + size, num_rows))
+
+
+def policy_statistics(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    logit_grad_norm: bool = False,
+) -> TokenStatistics:
+    """Per-token log-probs / entropies of ``batch.response_ids`` under ``model``: ``(B, T)``.
+
+    Only the logits of the response positions are materialised (``logits_to_keep``).
+    Position ids follow the attention mask, so left padding does not shift positions.
+    """
+    input_ids = batch.input_ids  # (B, P + T)
+    attention_mask = batch.attention_mask  # (B, P + T)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    T = batch.response_ids.shape[1]
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1]  # (B, T, V): position P-1+t predicts response token t
+    return token_statistics(
+        logits,
+        batch.response_ids,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        logit_grad_norm=logit_grad_norm,
+    )
+
+
+@torch.no_grad()
+def batched_statistics(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    *,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    logit_grad_norm: bool = False,
+) -> TokenStatistics:
+    """:func:`policy_statistics` without gradients, micro-batched, concatenated: ``(B, T)``."""
+    parts = [
+        policy_statistics(
+            model,
+            batch.rows(s),
+            temperature=temperature,
+            chunk_size=chunk_size,
+            logit_grad_norm=logit_grad_norm,
+        )
+        for s in micro_slices(batch.num_rows, micro_batch_size)
+    ]
+    lgn = torch.cat([p.logit_grad_norm for p in parts]) if logit_grad_norm else None
+    return TokenStatistics(
+        logprobs=torch.cat([p.logprobs for p in parts]),
+        entropy=torch.cat([p.entropy for p in parts]),
+        logit_grad_norm=lgn,
+    )
+
+
+def _select(
+    settings: UpdateSettings,
+    batch: TrainBatch,
+    current: TokenStatistics | None,
+    group: Any,
+    step: int,
+) -> torch.Tensor | None:
+    from gmts.core.step import select_for_update
+
+    sel = settings.selection
+    if sel.score == "none":
+        return None
+    assert current is not None
+    result = select_for_update(
+        sel,
+        settings.objective,
+        logprobs=current.logprobs,
+        old_logprobs=batch.old_logprobs,
+        advantages=batch.advantages,
+        response_mask=batch.response_mask,
+        entropy=current.entropy,
+        ref_logprobs=batch.ref_logprobs,
+        logit_grad_norm=current.logit_grad_norm,
+        group_ids=batch.group_ids,
+        process_group=group,
+        step=step,
+    )
+    return result.selected
+
+
+def selection_metrics(
+    settings: UpdateSettings,
+    batch: TrainBatch,
+    current: TokenStatistics,
+    selected: torch.Tensor | None,
+    info: DistInfo,
+) -> dict[str, float]:
+    """Global statistics of the selection: fraction, entropies, positive-advantage share, and
+    the Jaccard overlap of the GMTS and ETS selections at the configured ratio."""
+    mask = batch.response_mask
+    chosen = mask if selected is None else (selected & mask)
+    entropy = current.entropy.double()
+    positive = (batch.advantages > 0)[:, None] & chosen
+    sums = [
+        mask.sum(),
+        chosen.sum(),
+        (entropy * mask).sum(),
+        (entropy * chosen).sum(),
+        positive.sum(),
+    ]
+    overlap = settings.overlap_metrics
+    if overlap:
+        omega = gradient_coefficient(
+            current.logprobs,
+            batch.old_logprobs,
+            batch.advantages,
+            ref_logprobs=batch.ref_logprobs,
+            **settings.objective.omega_kwargs(),
+        )
+        inputs = ScoreInputs(entropy=current.entropy, omega=omega, mask=mask)
+        masks = []
+        for name in ("gmts", "entropy"):
+            masks.append(
+                select_tokens(
+                    compute_scores(name, inputs),
+                    mask,
+                    settings.selection.ratio,
+                    largest=settings.selection.largest,
+                    scope=settings.selection.scope,
+                    group_ids=batch.group_ids,
+                    process_group=info.group,
+                )
+            )
+        sums += [(masks[0] & masks[1]).sum(), (masks[0] | masks[1]).sum()]
+    totals = all_reduce_sum(torch.stack([s.double() for s in sums]), info).tolist()
+    n_all, n_sel = max(totals[0], 1.0), max(totals[1], 1.0)
+    out = {
+        "select/fraction": totals[1] / n_all,
+        "select/entropy_all": totals[2] / n_all,
+        "select/entropy_selected": totals[3] / n_sel,
+        "select/positive_adv_fraction": totals[4] / n_sel,
+    }
+    if overlap:
+        out["select/gmts_ets_jaccard"] = totals[5] / max(totals[6], 1.0)
+    return out
+
+
+def update_minibatch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    settings: UpdateSettings,
+    *,
+    info: DistInfo,
+    step: int,
+    current: TokenStatistics | None = None,
+) -> dict[str, float]:
+    """One optimizer step on ``batch`` (this rank's share of one mini-batch).
+
+    Args:
+        batch: rows with ``old_logprobs`` (and ``ref_logprobs`` when KL is on) filled in.
+        current: the current policy's no-grad statistics of ``batch`` if already known (the
+            first mini-batch after a rollout); None computes them when the score needs them.
+        step: the optimizer-step index (seeds the random score).
+
+    Returns:
+        Metrics (global over ranks where noted). ``update/skipped_nonfinite`` is 1.0 when the
+        loss or the gradient was not finite: the step was skipped and the weights are untouched.
+    """
+    sel = settings.selection
+    objective = settings.objective
+    group = info.group
+    mask = batch.response_mask
+    if current is None and (sel.score != "none"):
+        current = batched_statistics(
+            model,
+            batch,
+            micro_batch_size=settings.micro_batch_size,
+            temperature=settings.temperature,
+            chunk_size=settings.chunk_size,
+            logit_grad_norm=needs_logit_grad_norm(sel),
+        )
+    selected = _select(settings, batch, current, group, step)
+    metrics: dict[str, float] = {}
+    if current is not None:
+        metrics.update(selection_metrics(settings, batch, current, selected, info))
+
+    normalize = getattr(sel, "normalize", "selected")
+    kl_tokens = getattr(sel, "kl_tokens", "selected")
+    denominator = loss_denominator(mask, selected, objective.aggregation, normalize, group)
+    kl_denominator = None
+    if objective.kl_coef > 0 and kl_tokens == "all" and selected is not None:
+        kl_denominator = loss_denominator(mask, None, objective.aggregation, "all", group)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer.zero_grad(set_to_none=True)
+    finite = True
+    loss_total = 0.0
+    weighted: dict[str, float] = {}
+    weight_total = 0.0
+    for s in micro_slices(batch.num_rows, settings.micro_batch_size):
+        micro = batch.rows(s)
+        stats = policy_statistics(
+            model, micro, temperature=settings.temperature, chunk_size=settings.chunk_size
+        )
+        loss, loss_metrics = policy_loss(
+            stats.logprobs,
+            micro.old_logprobs,
+            micro.advantages,
+            micro.response_mask,
+            ref_logprobs=micro.ref_logprobs,
+            selected=None if selected is None else selected[s],
+            normalize=normalize,
+            kl_tokens=kl_tokens,
+            denominator=denominator,
+            kl_denominator=kl_denominator,
+            **objective.loss_kwargs(),
+        )
+        if not torch.isfinite(loss):
+            finite = False
+            continue  # keep going: every rank must reach the same collectives
+        loss.backward()
+        loss_total += float(loss.detach())
+        w = float(micro.response_mask.sum())
+        weight_total += w
+        for k in ("clip_fraction", "kl_mean"):
+            v = loss_metrics.get(k)
+            if v is not None and math.isfinite(v):
+                weighted[k] = weighted.get(k, 0.0) + w * v
+
+    all_reduce_gradients(params, info)
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        params, settings.grad_clip if settings.grad_clip else float("inf")
+    )
+    flags = all_reduce_sum(
+        torch.tensor([0.0 if finite else 1.0, loss_total], dtype=torch.float64), info
+    )
+    finite = finite and flags[0].item() == 0 and bool(torch.isfinite(grad_norm))
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    metrics["update/loss"] = flags[1].item() if finite else float("nan")
+    metrics["update/grad_norm"] = float(grad_norm)
+    metrics["update/skipped_nonfinite"] = 0.0 if finite else 1.0
+    for k, v in weighted.items():
+        metrics[f"update/{k}"] = v / max(weight_total, 1.0)
+    return metrics
