@@ -24,6 +24,7 @@ import math
 import random
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -400,7 +401,7 @@ class Trainer:
                     current = TokenStatistics(
                         old.logprobs[rows], old.entropy[rows], None if lgn is None else lgn[rows]
                     )
-                m = update_minibatch(
+                m, _ = update_minibatch(
                     self.model,
                     self.optimizer,
                     batch.rows(rows),
@@ -409,7 +410,9 @@ class Trainer:
                     step=opt_step,
                     current=current,
                 )
-                self.scheduler.step()
+                with warnings.catch_warnings():  # a skipped (non-finite) step still advances
+                    warnings.simplefilter("ignore", UserWarning)
+                    self.scheduler.step()
                 opt_step += 1
                 for k, v in m.items():
                     if k == "update/skipped_nonfinite" or math.isfinite(v):
@@ -484,7 +487,9 @@ class Trainer:
         if cfg.logging.progress and self.info.is_main:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.optim.steps, initial=self.step, desc="train", unit="step")
+            bar = tqdm(
+                total=cfg.optim.steps, initial=self.step, desc=self.run_dir.name, unit="step"
+            )
         every = cfg.checkpoint.every
         t_start = time.perf_counter()
         while self.step < cfg.optim.steps:

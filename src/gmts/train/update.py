@@ -213,7 +213,7 @@ def update_minibatch(
     info: DistInfo,
     step: int,
     current: TokenStatistics | None = None,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], torch.Tensor | None]:
     """One optimizer step on ``batch`` (this rank's share of one mini-batch).
 
     Args:
@@ -223,8 +223,10 @@ def update_minibatch(
         step: the optimizer-step index (seeds the random score).
 
     Returns:
-        Metrics (global over ranks where noted). ``update/skipped_nonfinite`` is 1.0 when the
-        loss or the gradient was not finite: the step was skipped and the weights are untouched.
+        ``(metrics, selected)``: metrics (global over ranks where noted;
+        ``update/skipped_nonfinite`` is 1.0 when the loss or the gradient was not finite: the
+        step was skipped and the weights are untouched) and this rank's ``(B, T)`` bool
+        selection mask (None for score 'none').
     """
     sel = settings.selection
     objective = settings.objective
@@ -303,4 +305,4 @@ def update_minibatch(
     metrics["update/skipped_nonfinite"] = 0.0 if finite else 1.0
     for k, v in weighted.items():
         metrics[f"update/{k}"] = v / max(weight_total, 1.0)
-    return metrics
+    return metrics, selected

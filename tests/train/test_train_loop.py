@@ -1,0 +1,195 @@
+"""The trainer on a tiny model: every algorithm x selection learns something and selects what
+was asked; micro-batch accumulation is exact; bad steps and bad rewards are handled."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gmts.train import checkpoint as ckpt
+from gmts.train.metrics_log import read_metrics
+from gmts.train.trainer import Trainer, train
+from gmts.train.update import UpdateSettings, batched_statistics, update_minibatch
+
+_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
+_tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_tiny)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo"])
+@pytest.mark.parametrize(("score", "ratio"), [("none", 1.0), ("entropy", 0.2), ("gmts", 0.3)])
+def test_each_algorithm_and_selection_updates_and_selects_the_ratio(
+    tiny_dir, tmp_path, algorithm, score, ratio
+):
+    cfg = _tiny.small_config(
+        tiny_dir,
+        tmp_path / "run",
+        f"algorithm={algorithm}",
+        f"selection.score={score}",
+        f"selection.ratio={ratio}",
+        "optim.mini_batch_questions=2",  # two optimizer steps per rollout batch
+    )
+    trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
+    before = _tiny.params_vector(trainer.model)
+    result = trainer.run()
+    after = _tiny.params_vector(trainer.model)
+    assert not torch.equal(before, after)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["update/skipped_nonfinite"] == 0
+        # exactly ceil(ratio * N) per mini-batch: at most one token above the ratio
+        tokens_per_mb = row["response/tokens"] / 2
+        assert ratio <= row["select/fraction"] <= ratio + 1.0 / tokens_per_mb + 1e-9
+        if algorithm == "grpo":
+            assert "update/kl_mean" in row
+    assert len(result.history) == 2
+    assert (tmp_path / "run" / "config.yaml").is_file()
+
+
+def _fixed_batch(model_dir: Path):
+    """A rollout batch of the tiny model with statistics, for update-level tests."""
+    from gmts.core.advantages import group_advantages
+    from gmts.data.tasks import get_task
+    from gmts.train.batch import TrainBatch
+    from gmts.train.rollout import generate_rollouts
+    from gmts.train.trainer import load_policy
+
+    cfg = _tiny.small_config(model_dir, model_dir.parent / "unused")
+    model, tokenizer = load_policy(str(model_dir), cfg, torch.device("cpu"))
+    problems = get_task("addition").sample(4, __import__("random").Random(0))
+    roll = generate_rollouts(model, tokenizer, problems, num_samples=4, max_new_tokens=9, seed=3)
+    rewards = torch.tensor(
+        [_tiny.partial_credit(c, a) for c, a in zip(roll.completions, roll.answers)]
+    )
+    batch = TrainBatch(
+        prompt_ids=roll.prompt_ids,
+        prompt_mask=roll.prompt_mask,
+        response_ids=roll.response_ids,
+        response_mask=roll.response_mask,
+        rewards=rewards,
+        advantages=group_advantages(rewards, 4).float(),
+        group_ids=roll.group_ids,
+    )
+    stats = batched_statistics(model, batch, micro_batch_size=16)
+    batch.old_logprobs, batch.old_entropy = stats.logprobs, stats.entropy
+    return model, batch, cfg
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batch_accumulation_equals_one_pass(tiny_dir, aggregation):
+    import dataclasses
+
+    from gmts.core.config import SelectionConfig
+    from gmts.train.distributed import DistInfo
+
+    results = []
+    for micro in (16, 4, 1):
+        model, batch, cfg = _fixed_batch(tiny_dir)
+        # perturb the policy so that r != 1 and clipping is exercised
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+        settings = UpdateSettings(
+            objective=dataclasses.replace(cfg.objective, aggregation=aggregation),
+            selection=SelectionConfig(score="gmts", ratio=0.3),
+            micro_batch_size=micro,
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        metrics, selected = update_minibatch(model, opt, batch, settings, info=DistInfo(), step=0)
+        results.append((_tiny.params_vector(model), selected, metrics["update/loss"]))
+    ref_params, ref_sel, ref_loss = results[0]
+    for params, sel, loss in results[1:]:
+        assert torch.equal(sel, ref_sel)
+        assert torch.allclose(params, ref_params, atol=1e-6, rtol=0)
+        assert loss == pytest.approx(ref_loss, abs=1e-6)
+
+
+def test_non_finite_loss_skips_the_step(tiny_dir, tmp_path, monkeypatch):
+    import gmts.train.update as update_mod
+
+    real = update_mod.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(update_mod, "policy_loss", nan_loss)
+    cfg = _tiny.small_config(tiny_dir, tmp_path / "run", "optim.steps=1")
+    trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
+    before = _tiny.params_vector(trainer.model)
+    trainer.run()
+    assert torch.equal(before, _tiny.params_vector(trainer.model))
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["update/skipped_nonfinite"] == 1 and row["update/skipped_total"] == 1
+
+
+def test_raising_reward_counts_errors_and_continues(tiny_dir, tmp_path):
+    calls = {"n": 0}
+
+    def flaky(completion: str, answer: str) -> float:
+        calls["n"] += 1
+        if calls["n"] % 3 == 0:
+            raise RuntimeError("verifier crashed")
+        return _tiny.partial_credit(completion, answer)
+
+    cfg = _tiny.small_config(tiny_dir, tmp_path / "run", "algorithm=grpo")
+    result = train(cfg, reward_fn=flaky)
+    assert len(result.history) == 2
+    assert sum(r["reward/errors"] for r in result.history) == calls["n"] // 3 > 0
+
+
+def test_checkpoints_are_atomic_and_pruned(tiny_dir, tmp_path):
+    cfg = _tiny.small_config(
+        tiny_dir,
+        tmp_path / "run",
+        "optim.steps=3",
+        "checkpoint.every=1",
+        "checkpoint.keep=2",
+        "checkpoint.save_final=true",
+    )
+    train(cfg, reward_fn=_tiny.partial_credit)
+    found = ckpt.list_checkpoints(tmp_path / "run")
+    assert [s for s, _ in found] == [2, 3]
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp-*"))
+    state = ckpt.load_trainer_state(found[-1][1])
+    assert state["step"] == 3 and {"optimizer", "scheduler", "rng", "source"} <= set(state)
+    assert (found[-1][1] / "model" / "config.json").is_file()
+
+
+def test_plot_several_runs(tmp_path, capsys):
+    from gmts.cli import main
+
+    for name, base in (("a", 0.1), ("b", 0.3)):
+        d = tmp_path / name
+        d.mkdir()
+        with open(d / "metrics.jsonl", "w") as fh:
+            for step in range(1, 6):
+                fh.write(json.dumps({"step": step, "reward/mean": base + 0.1 * step}) + "\n")
+    out = tmp_path / "curves.png"
+    assert (
+        main(
+            [
+                "plot",
+                str(tmp_path / "a"),
+                str(tmp_path / "b"),
+                "--out",
+                str(out),
+                "--metrics",
+                "reward/mean",
+            ]
+        )
+        == 0
+    )
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", str(tmp_path / "missing"), "--out", str(out)]) == 2
