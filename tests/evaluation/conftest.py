@@ -56,6 +56,12 @@ def build_tiny_qwen(vocab_size: int, seed: int = 0):
 
 
 @pytest.fixture(scope="session")
+def make_byte_tokenizer():
+    """The builder itself (conftest modules are not importable under --import-mode=importlib)."""
+    return build_byte_tokenizer
+
+
+@pytest.fixture(scope="session")
 def byte_tokenizer():
     return build_byte_tokenizer()
 

@@ -140,3 +140,22 @@ def test_seed_derivation_and_paths(tmp_path):
 def test_eval_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EvalConfig(**kwargs)
+
+
+def test_end_of_turn_token_stops_sampling(make_byte_tokenizer):
+    from gmts.data.prompts import CHATML_TEMPLATE
+    from gmts.eval.backends import _with_end_of_turn_stop
+
+    tok = make_byte_tokenizer(CHATML_TEMPLATE)
+    assert _with_end_of_turn_stop(tok) is tok  # eos is already <|im_end|>
+    tok.eos_token = "<|endoftext|>"
+    wrapped = _with_end_of_turn_stop(tok)
+    assert wrapped.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>") != tok.eos_token_id
+    assert tok.eos_token == "<|endoftext|>"  # the real tokenizer is untouched
+    ids = wrapped(["ab"], add_special_tokens=False)["input_ids"]
+    assert ids == tok(["ab"], add_special_tokens=False)["input_ids"] and len(ids[0]) == 2
+    assert wrapped.batch_decode([ids[0] + [wrapped.eos_token_id]], skip_special_tokens=True) == [
+        "ab"
+    ]
+    plain = make_byte_tokenizer()
+    assert _with_end_of_turn_stop(plain) is plain

@@ -152,6 +152,7 @@ class HFBackend:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
         self.model.to(self.device).eval()
         self.batch_size = batch_size
+        self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
 
     def generate(
         self,
@@ -168,7 +169,7 @@ class HFBackend:
         problems = [Problem(prompt=p, answer="") for p in prompts]
         rollout = generate_rollouts(
             self.model,
-            self.tokenizer,
+            self._sampling_tokenizer,
             problems,
             num_samples=n,
             max_new_tokens=max_new_tokens,
@@ -177,6 +178,41 @@ class HFBackend:
             seed=seed,
         )
         return group_completions(rollout.completions, rollout.group_ids, len(prompts), n)
+
+
+_END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+
+
+class _StopAtToken:
+    """The tokenizer seen through a different ``eos_token_id`` (everything else delegated)."""
+
+    def __init__(self, tokenizer: Any, eos_token_id: int) -> None:
+        self._tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._tokenizer(*args, **kwargs)
+
+
+def _with_end_of_turn_stop(tokenizer: Any) -> Any:
+    """Stop sampling at the chat template's end-of-turn token when it is not the eos token.
+
+    Base models used with a chat template (Qwen2.5-Math: eos ``<|endoftext|>``, turns end with
+    ``<|im_end|>``) would otherwise run on past the answer into a new turn until the budget.
+    The sampler takes one stop id, so the end-of-turn token replaces eos for sampling.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return tokenizer
+    for token in _END_OF_TURN_TOKENS:
+        if token in template and token != tokenizer.eos_token:
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+                return _StopAtToken(tokenizer, token_id)
+    return tokenizer
 
 
 def group_completions(
