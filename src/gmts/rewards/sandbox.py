@@ -1,0 +1,464 @@
+"""Run untrusted Python (model-written code plus its tests) in a sandbox.
+
+Two backends, chosen by ``backend="auto"``:
+
+``"bwrap"`` (Linux with bubblewrap): the program runs in fresh namespaces (user, pid, net, ipc,
+uts, cgroup: ``--unshare-all``) with the host root bound read-only, a private size-capped tmpfs
+on ``/tmp`` and ``/dev/shm``, a new ``/proc`` showing only the sandbox's processes, an empty
+network namespace (no interfaces but a loopback of its own), a new session, all capabilities
+dropped, uid/gid 65534 inside, and an environment cleared down to ``PATH``/``HOME``/``LANG``.
+When this process runs as root, bubblewrap itself is started as uid 65534 so the program is
+unprivileged outside the user namespace too (it cannot read root-only files). The sandbox dies
+with its parent (``--die-with-parent``), and since the program is not pid 1 of its namespace,
+all its descendants die with it.
+
+``"subprocess"`` (fallback, warned about once): a plain child process in its own session with a
+temporary working directory and a cleared environment, as uid 65534 when this process is root.
+It has no filesystem, network or pid isolation; see docs/rewards.md for what that means.
+
+Both: before any untrusted code runs, a small trusted runner sets resource limits (CPU seconds,
+address space, file size, process count, open files, no core files) that the program cannot
+raise again; the parent kills the whole process group (and thereby the pid namespace) at the
+wall-clock timeout. The program and a random nonce come in through a file on stdin, output goes
+to files capped by the file-size limit. A run *passes* only if the program returned normally,
+exit status 0, and the runner printed the nonce after it: ``sys.exit(0)`` or ``os._exit(0)``
+before the tests cannot fake a pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+BACKENDS = ("auto", "bwrap", "subprocess")
+_MIN_TMPFS_BYTES = 64 * 1024**2  # size of the sandbox's private /tmp and /dev/shm
+SANDBOX_UID = 65534  # "nobody" on Debian and most distributions
+_MINIMAL_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+}
+
+# The trusted part that runs inside the sandbox before the program (stdlib only).
+# argv: cpu_seconds, address_space_bytes, file_size_bytes, max_processes, max_open_files
+_RUNNER = r"""
+import os, resource, sys
+def _gmts_runner():
+    data = sys.stdin.buffer.read()
+    nonce, _, source = data.partition(b"\n")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull)
+    cpu, address_space, file_size, processes, open_files = (int(a) for a in sys.argv[1:6])
+    limits = [
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (address_space, address_space)),
+        (resource.RLIMIT_FSIZE, (file_size, file_size)),
+        (resource.RLIMIT_NPROC, (processes, processes)),
+        (resource.RLIMIT_NOFILE, (open_files, open_files)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
+    for which, value in limits:
+        resource.setrlimit(which, value)
+    marker = os.dup(1)
+    del data, cpu, address_space, file_size, processes, open_files, limits
+    sys.argv = ["program.py"]
+    code = compile(source.decode("utf-8", "replace"), "program.py", "exec")
+    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(marker, b"\n" + nonce + b"\n")
+    os._exit(0)
+_gmts_runner()
+"""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one sandboxed run.
+
+    passed: ran to the end (exit 0, runner's nonce seen) within the time limit.
+    timed_out: killed at the wall-clock timeout.
+    returncode: exit status (negative: killed by that signal), None if never started.
+    stdout, stderr: the last ``tail_chars`` characters of each stream (nonce removed).
+    backend: "bwrap" or "subprocess".
+    duration_s: wall-clock seconds of the run.
+    """
+
+    passed: bool
+    timed_out: bool
+    returncode: int | None
+    stdout: str
+    stderr: str
+    backend: str
+    duration_s: float
+
+
+# ----------------------------------------------------------------------------- environment probes
+
+
+def _world_accessible(path: str | os.PathLike) -> bool:
+    """Whether a user with no special rights can traverse to and read/execute ``path``."""
+    real = Path(os.path.realpath(path))
+    try:
+        for parent in reversed(real.parents):
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        mode = os.stat(real).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return bool(mode & stat.S_IXOTH and mode & stat.S_IROTH)
+    return bool(mode & stat.S_IROTH)
+
+
+def _python_usable_by_others(executable: str) -> bool:
+    """The interpreter binary and its standard library can be read by an unprivileged uid."""
+    if not _world_accessible(executable):
+        return False
+    if os.path.realpath(executable) == os.path.realpath(sys.executable):
+        return _world_accessible(sys.base_prefix) and _world_accessible(os.__file__)
+    return True  # a system interpreter: its prefix is a system directory
+
+
+def _choose_python(drop_privileges: bool) -> str:
+    """Interpreter for the sandbox: ours if the sandbox uid can run it, else a system python3."""
+    if not drop_privileges or _python_usable_by_others(sys.executable):
+        return sys.executable
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
+        if os.path.exists(candidate) and _world_accessible(candidate):
+            return candidate
+    return ""
+
+
+class _Environment:
+    """What this machine offers, probed once per process (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bwrap: tuple[bool, str] | None = None
+        self._warned = False
+        self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        self.python_for_nobody = _choose_python(self.is_root)
+
+    def run_as(self) -> tuple[int | None, str]:
+        """(uid to start the sandbox as, or None for ours; interpreter path)."""
+        if self.is_root and self.python_for_nobody:
+            return SANDBOX_UID, self.python_for_nobody
+        return None, sys.executable
+
+    def bwrap_status(self) -> tuple[bool, str]:
+        """(bubblewrap works here, why not)."""
+        with self._lock:
+            if self._bwrap is None:
+                self._bwrap = _probe_bwrap(self)
+            return self._bwrap
+
+    def warn_fallback(self, reason: str) -> None:
+        with self._lock:
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            "gmts.rewards: bubblewrap sandbox unavailable "
+            f"({reason}); running untrusted code in the WEAKER subprocess sandbox: resource "
+            "limits, a temporary directory and a clean environment only, NO filesystem, network "
+            "or pid isolation. Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _bwrap_supports_size(bwrap: str) -> bool:
+    try:
+        help_text = subprocess.run(
+            [bwrap, "--help"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in help_text
+
+
+def _probe_bwrap(environment: _Environment) -> tuple[bool, str]:
+    if not sys.platform.startswith("linux"):
+        return False, f"not Linux ({sys.platform})"
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False, "no `bwrap` on PATH"
+    uid, python = environment.run_as()
+    command = _bwrap_command(bwrap, python, _bwrap_supports_size(bwrap), _MIN_TMPFS_BYTES)
+    command += [python, "-I", "-c", "print('ok')"]
+    try:
+        probe = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, user=uid, group=uid,
+            extra_groups=[] if uid is not None else None,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as error:
+        return False, f"bwrap failed to start: {error}"
+    if probe.returncode != 0 or probe.stdout.strip() != "ok":
+        return False, f"bwrap test run failed: {probe.stderr.strip()[-300:]}"
+    return True, ""
+
+
+_ENVIRONMENT: _Environment | None = None
+_ENVIRONMENT_LOCK = threading.Lock()
+
+
+def _environment() -> _Environment:
+    global _ENVIRONMENT
+    with _ENVIRONMENT_LOCK:
+        if _ENVIRONMENT is None:
+            _ENVIRONMENT = _Environment()
+        return _ENVIRONMENT
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _hidden_dirs(python: str) -> list[str]:
+    """Home directories to cover with an empty tmpfs, unless the interpreter lives in them."""
+    keep_paths = [python]
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        keep_paths += [sys.prefix, sys.base_prefix]
+    keep = [os.path.realpath(path) for path in keep_paths]
+    hidden = []
+    for folder in ("/root", "/home", os.path.expanduser("~")):
+        real = os.path.realpath(folder)
+        if real in hidden or not os.path.isdir(real) or real == "/":
+            continue
+        if any(path == real or path.startswith(real + os.sep) for path in keep):
+            continue
+        hidden.append(real)
+    return hidden
+
+
+def _bwrap_command(bwrap: str, python: str, sized_tmpfs: bool, tmpfs_bytes: int) -> list[str]:
+    size = ["--size", str(tmpfs_bytes)] if sized_tmpfs else []
+    command = [
+        bwrap,
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        *size, "--tmpfs", "/tmp",
+        *size, "--tmpfs", "/dev/shm",
+    ]  # fmt: skip
+    for folder in _hidden_dirs(python):
+        command += ["--tmpfs", folder]
+    command += [
+        "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop", "ALL",
+        "--uid", str(SANDBOX_UID),
+        "--gid", str(SANDBOX_UID),
+        "--chdir", "/tmp",
+        "--clearenv",
+    ]  # fmt: skip
+    for name, value in _MINIMAL_ENV.items():
+        command += ["--setenv", name, value]
+    return command
+
+
+def _count_processes_of(uid: int) -> int:
+    """Processes currently owned by ``uid`` (the fallback's RLIMIT_NPROC counts them all)."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_uid == uid:
+                    count += 1
+    return count
+
+
+def _tail(path: Path, tail_chars: int, nonce: str = "") -> str:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - 4 * tail_chars - len(nonce) - 2))
+        text = handle.read().decode("utf-8", errors="replace")
+    if nonce:
+        text = text.replace("\n" + nonce + "\n", "")
+    return text[-tail_chars:] if tail_chars > 0 else ""
+
+
+def _ends_with(path: Path, suffix: bytes) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() < len(suffix):
+            return False
+        handle.seek(-len(suffix), os.SEEK_END)
+        return handle.read() == suffix
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def run_sandboxed(
+    program: str,
+    *,
+    timeout: float = 10.0,
+    memory_mb: int = 512,
+    backend: str = "auto",
+    max_processes: int = 32,
+    max_file_mb: int = 16,
+    tail_chars: int = 2000,
+) -> SandboxResult:
+    """Run Python source ``program`` in a sandbox and report what happened.
+
+    Args:
+        program: Python source (the candidate solution followed by its tests).
+        timeout: wall-clock seconds before the whole sandbox is killed; the CPU-time limit is
+            ``ceil(timeout) + 1`` seconds per process.
+        memory_mb: address-space limit per process, in MiB.
+        backend: "auto" (bubblewrap if it works here, else the subprocess fallback with one
+            warning), "bwrap" (raise RuntimeError if unavailable) or "subprocess" (force the
+            weaker fallback, no warning).
+        max_processes: RLIMIT_NPROC for the sandboxed program (fork bombs stop there).
+        max_file_mb: largest file the program may write (also caps its captured output).
+        tail_chars: how much of stdout/stderr to keep in the result.
+    """
+    if not isinstance(program, str):
+        raise ValueError(f"program must be a str, got {type(program).__name__}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if memory_mb < 32:
+        raise ValueError(
+            f"memory_mb must be at least 32 (Python needs it to start), got {memory_mb}"
+        )
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if max_processes < 1:
+        raise ValueError(f"max_processes must be at least 1, got {max_processes}")
+    if max_file_mb < 1:
+        raise ValueError(f"max_file_mb must be at least 1, got {max_file_mb}")
+
+    environment = _environment()
+    chosen = backend
+    if backend != "subprocess":
+        works, reason = environment.bwrap_status()
+        if works:
+            chosen = "bwrap"
+        elif backend == "bwrap":
+            raise RuntimeError(f"bubblewrap sandbox requested but unavailable: {reason}")
+        else:
+            environment.warn_fallback(reason)
+            chosen = "subprocess"
+
+    uid, python = environment.run_as()
+    file_bytes = max_file_mb * 1024**2
+    processes = max_processes
+    if chosen == "subprocess":
+        # RLIMIT_NPROC counts every process of the real uid, not just the sandbox's
+        processes += _count_processes_of(uid if uid is not None else os.getuid())
+    runner_args = [
+        str(math.ceil(timeout) + 1),
+        str(memory_mb * 1024**2),
+        str(file_bytes),
+        str(processes),
+        "256",
+    ]
+    nonce = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="gmts-sandbox-") as private:
+        private_dir = Path(private)
+        (private_dir / "stdin").write_bytes(nonce.encode() + b"\n" + program.encode("utf-8"))
+        workdir = private_dir / "work"
+        workdir.mkdir()
+        if uid is not None:
+            os.chmod(private_dir, 0o711)  # the sandbox uid may enter work/, nothing else
+            os.chown(workdir, uid, uid)
+        python_command = [python, "-I", "-B", "-c", _RUNNER, *runner_args]
+        if chosen == "bwrap":
+            bwrap = shutil.which("bwrap") or "bwrap"
+            tmpfs_bytes = max(file_bytes, _MIN_TMPFS_BYTES)
+            command = _bwrap_command(bwrap, python, _bwrap_supports_size_cached(bwrap), tmpfs_bytes)
+            command += python_command
+            cwd, env = "/", dict(_MINIMAL_ENV)
+        else:
+            command, cwd = python_command, str(workdir)
+            env = dict(_MINIMAL_ENV, HOME=str(workdir), TMPDIR=str(workdir))
+        start = time.monotonic()
+        with (
+            open(private_dir / "stdin", "rb") as stdin,
+            open(private_dir / "stdout", "wb") as stdout,
+            open(private_dir / "stderr", "wb") as stderr,
+        ):
+            try:
+                process = subprocess.Popen(
+                    command, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
+                    start_new_session=True, user=uid, group=uid,
+                    extra_groups=[] if uid is not None else None, close_fds=True,
+                )  # fmt: skip
+            except OSError as error:
+                return SandboxResult(False, False, None, "", str(error), chosen, 0.0)
+            timed_out = False
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _kill_group(process)  # also reaps leftovers of a program that exited
+                process.wait()
+        duration = time.monotonic() - start
+        nonce_seen = _ends_with(private_dir / "stdout", ("\n" + nonce + "\n").encode())
+        stdout_tail = _tail(private_dir / "stdout", tail_chars, nonce)
+        stderr_tail = _tail(private_dir / "stderr", tail_chars)
+    passed = nonce_seen and not timed_out and process.returncode == 0
+    return SandboxResult(
+        passed=passed,
+        timed_out=timed_out,
+        returncode=process.returncode,
+        stdout=stdout_tail,
+        stderr=stderr_tail,
+        backend=chosen,
+        duration_s=duration,
+    )
+
+
+_SIZE_SUPPORT: dict[str, bool] = {}
+
+
+def _bwrap_supports_size_cached(bwrap: str) -> bool:
+    if bwrap not in _SIZE_SUPPORT:
+        _SIZE_SUPPORT[bwrap] = _bwrap_supports_size(bwrap)
+    return _SIZE_SUPPORT[bwrap]
+
+
+def code_reward(
+    program: str, tests: str, *, timeout: float = 10.0, memory_mb: int = 512, backend: str = "auto"
+) -> float:
+    """1.0 if ``program`` followed by ``tests`` runs to completion in the sandbox, else 0.0.
+
+    ``tests`` is Python that raises (e.g. a failing ``assert``) when the program is wrong. See
+    `run_sandboxed` for the limits and `gmts.rewards.program` for HumanEval/MBPP assembly.
+    """
+    if not isinstance(tests, str):
+        raise ValueError(f"tests must be a str, got {type(tests).__name__}")
+    if not isinstance(program, str):
+        return 0.0
+    result = run_sandboxed(
+        program + "\n\n" + tests, timeout=timeout, memory_mb=memory_mb, backend=backend
+    )
+    return 1.0 if result.passed else 0.0
