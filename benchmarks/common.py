@@ -1,0 +1,247 @@
+"""Helpers shared by every benchmark: timing, machine description, peak memory, result files.
+
+Every benchmark module exposes ``run(options: BenchOptions) -> dict`` and returns a result
+record (plain JSON types) with at least ``rows`` (one dict per measured configuration) and
+``goals`` (one dict per goal of issue 7: name, target, measured, met). ``run.py`` adds the
+machine description, the command line and the date, and writes ``results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+DEFAULT_RESULTS_DIR = BENCH_DIR / "results"
+
+# Hard cap on what one benchmark process may allocate (bytes). The machine is shared; a
+# variant that would need more is skipped and the skip is recorded, never silently dropped.
+MEMORY_CAP_BYTES = 12 * 1024**3
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What every benchmark receives from ``run.py``.
+
+    quick: tiny shapes and few repeats (smoke test / CI); the figures are not meaningful.
+    threads: torch intra-op threads in every benchmark process (1 keeps a shared box fair).
+    out_dir: where result JSON (and any figure) is written.
+    extra: benchmark-specific options parsed by run.py (e.g. the learning-sweep subset).
+    """
+
+    quick: bool = False
+    threads: int = 1
+    out_dir: Path = DEFAULT_RESULTS_DIR
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> dict[str, Any]:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times; return seconds.
+
+    Returns ``{"median_s", "min_s", "max_s", "times_s"}``; every repeat is kept so the spread
+    can be judged from the JSON.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return summarize_times(times)
+
+
+def interleaved_times(
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1
+) -> dict[str, dict[str, Any]]:
+    """Time several functions round-robin (A B C A B C ...) so that load changes on a shared
+    machine hit every variant alike; a variant that raises is recorded as failed.
+
+    Returns ``{name: {"ok": True, "median_s", ...}}`` or ``{name: {"ok": False, "error"}}``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    failed: dict[str, str] = {}
+    for round_index in range(warmup + repeats):
+        for name, fn in fns.items():
+            if name in failed:
+                continue
+            start = time.perf_counter()
+            try:
+                fn()
+            except (RuntimeError, ValueError, MemoryError) as error:
+                failed[name] = f"{type(error).__name__}: {error}"
+                continue
+            if round_index >= warmup:
+                times[name].append(time.perf_counter() - start)
+    out: dict[str, dict[str, Any]] = {}
+    for name in fns:
+        if name in failed:
+            out[name] = {"ok": False, "error": failed[name]}
+        else:
+            out[name] = {"ok": True, **summarize_times(times[name])}
+    return out
+
+
+def summarize_times(times: list[float]) -> dict[str, Any]:
+    """Median, min, max and the raw list of a list of durations (seconds)."""
+    if not times:
+        raise ValueError("times must not be empty")
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "times_s": [round(t, 6) for t in times],
+    }
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None where either side is missing or zero."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def goal(name: str, target: str, measured: str, met: bool | None) -> dict[str, Any]:
+    """One goal of the issue: ``met`` is None where it could not be measured in this run."""
+    return {"name": name, "target": target, "measured": measured, "met": met}
+
+
+# --------------------------------------------------------------------------------------
+# memory
+
+
+def proc_status_kib(key: str) -> int | None:
+    """A ``kB`` field of /proc/self/status (e.g. "VmHWM", "VmRSS") in KiB, None if absent."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux: write 5 to clear_refs).
+
+    Returns False where the kernel refuses; callers then fall back to a delta of the
+    lifetime peak, which over-counts anything that was freed before the measurement.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def mem_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None off Linux)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# machine and provenance
+
+
+def _run_text(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_description() -> dict[str, Any]:
+    """nproc, the head of lscpu, memory, load (uptime), Python / torch versions."""
+    import torch
+
+    lscpu = _run_text(["lscpu"]).splitlines()
+    mem = _run_text(["free", "-g"]).splitlines()
+    return {
+        "nproc": _run_text(["nproc"]),
+        "lscpu_head": lscpu[:15],
+        "model_name": next((ln.split(":", 1)[1].strip() for ln in lscpu if "Model name" in ln), ""),
+        "memory": mem[:2],
+        "uptime": _run_text(["uptime"]),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "gpu": bool(torch.cuda.is_available()),
+    }
+
+
+def git_commit() -> str:
+    """The commit of the code that ran (with ``-dirty`` where the benchmarks differ from it)."""
+    head = _run_text(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
+    dirty = _run_text(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "benchmarks"])
+    dirty_lines = [ln for ln in dirty.splitlines() if "benchmarks/results" not in ln]
+    return head + ("-dirty" if dirty_lines else "")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def write_result(out_dir: Path, name: str, record: dict[str, Any]) -> Path:
+    """Write ``record`` as ``out_dir/<name>.json`` (indented, sorted keys) and return the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def python_env() -> dict[str, str]:
+    """Environment for benchmark subprocesses: offline Hugging Face, src on the path."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    src = str(REPO_ROOT / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def core_api(name: str) -> Any:
+    """``gmts.<name>`` (the public core API); falls back to ``gmts.core.<module>.<name>`` so the
+    benchmarks also run on a checkout where the top-level re-exports have not landed yet."""
+    import importlib
+
+    import gmts
+
+    if hasattr(gmts, name):
+        return getattr(gmts, name)
+    for module in ("selection", "logprobs", "objectives", "scores", "step", "advantages", "config"):
+        try:
+            mod = importlib.import_module(f"gmts.core.{module}")
+        except ImportError:
+            continue
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    raise ImportError(f"gmts has no {name!r} (is the core installed?)")

@@ -1,0 +1,151 @@
+"""The one benchmark command of issue 7.
+
+    python benchmarks/run.py [--only selection,logprobs,overhead,throughput,learning] [--quick]
+
+Runs each named benchmark (all by default), writes ``benchmarks/results/<name>.json`` (the
+machine, the command, the date, the commit, every repeat) and refreshes the generated tables
+in ``docs/results.md``. ``--quick`` uses tiny shapes and writes to ``benchmarks/results/quick``
+unless ``--out`` says otherwise; its figures only show that the harness works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from common import (  # noqa: E402
+    DEFAULT_RESULTS_DIR,
+    BenchOptions,
+    git_commit,
+    machine_description,
+    utc_now,
+    write_result,
+)
+
+# name -> module; each module defines run(options: BenchOptions) -> dict
+BENCHMARKS = {
+    "selection": "bench_selection",
+    "logprobs": "bench_logprobs",
+    "overhead": "bench_overhead",
+    "throughput": "bench_throughput",
+    "learning": "bench_learning",
+}
+
+
+def parse_only(text: str | None) -> list[str]:
+    """Comma-separated benchmark names (None = all) -> validated list in the canonical order."""
+    if text is None:
+        return list(BENCHMARKS)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown or not names:
+        raise ValueError(f"--only: unknown benchmark(s) {unknown}; valid: {', '.join(BENCHMARKS)}")
+    return [name for name in BENCHMARKS if name in names]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help=f"comma-separated subset of: {','.join(BENCHMARKS)}")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks the harness")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+    parser.add_argument(
+        "--no-report", action="store_true", help="do not refresh docs/results.md tables"
+    )
+    parser.add_argument(
+        "--logprobs-repeats", type=int, default=2, help="timed fwd+bwd runs per variant"
+    )
+    parser.add_argument(
+        "--learning-plan",
+        default="subset",
+        help="learning sweep: 'full' (Tables 1, 6, 7: ~2 h on 2 idle cores), 'subset' "
+        "(default), or a comma list of runs ALGO:SCORE:RATIO[:bottom]:SEED, e.g. "
+        "dapo:gmts:0.2:0,dapo:none:1.0:0",
+    )
+    parser.add_argument(
+        "--learning-steps", type=int, default=None, help="training steps per learning run"
+    )
+    parser.add_argument(
+        "--learning-jobs", type=int, default=1, help="learning runs in parallel (processes)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        names = parse_only(args.only)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    out_dir = args.out or (DEFAULT_RESULTS_DIR / "quick" if args.quick else DEFAULT_RESULTS_DIR)
+    options = BenchOptions(
+        quick=args.quick,
+        threads=args.threads,
+        out_dir=out_dir,
+        extra={
+            "logprobs_repeats": args.logprobs_repeats,
+            "learning_plan": args.learning_plan,
+            "learning_steps": args.learning_steps,
+            "learning_jobs": args.learning_jobs,
+        },
+    )
+    command = "python benchmarks/run.py " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
+    failures = 0
+    for name in names:
+        print(f"[bench] {name} ...", flush=True)
+        machine_before = machine_description()
+        start = time.perf_counter()
+        try:
+            module = importlib.import_module(BENCHMARKS[name])
+            record = module.run(options)
+            status = "ok"
+        except Exception as error:  # a failing benchmark must not hide the others
+            traceback.print_exc()
+            record = {"error": f"{type(error).__name__}: {error}", "rows": [], "goals": []}
+            status = "error"
+            failures += 1
+        record.update(
+            {
+                "benchmark": name,
+                "status": status,
+                "command": command.strip(),
+                "quick": args.quick,
+                "threads": args.threads,
+                "date": utc_now(),
+                "commit": git_commit(),
+                "wall_s": round(time.perf_counter() - start, 2),
+                "machine": machine_before,
+                "uptime_after": machine_description()["uptime"],
+            }
+        )
+        path = write_result(out_dir, name, record)
+        print(f"[bench] {name}: {status} in {record['wall_s']:.1f}s -> {path}", flush=True)
+        for item in record.get("goals", []):
+            print(
+                f"    goal {item['name']}: {item['measured']} (target {item['target']}, "
+                f"met={item['met']})"
+            )
+    if not args.no_report and not args.quick:
+        from report import update_results_doc
+
+        update_results_doc(out_dir)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
