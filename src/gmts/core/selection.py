@@ -68,19 +68,34 @@ def _counts_to_k(counts: torch.Tensor, frac: Fraction) -> torch.Tensor:
     return torch.where(counts > 0, k.clamp_min(1), torch.zeros_like(k))
 
 
-def _order_keys(scores: torch.Tensor, largest: bool) -> tuple[torch.Tensor, int]:
-    """Integer keys (int64 tensor) whose signed order equals the float order of ``scores``."""
-    if scores.dtype == torch.float64:
-        bits = (scores + 0.0).contiguous().view(torch.int64)
-        keys = bits ^ ((bits >> 63) & 0x7FFFFFFFFFFFFFFF)
-        nbits = 64
-    else:
-        bits = (scores.float() + 0.0).contiguous().view(torch.int32)
-        keys = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()
-        nbits = 32
-    if not largest:
-        keys = ~keys  # reverses the order without overflow
-    return keys, nbits
+_KEY_TYPES = {
+    # float dtype of the working copy -> (int view dtype, bits, mask of the non-sign bits)
+    torch.float32: (torch.int32, 32, 0x7FFFFFFF),
+    torch.float64: (torch.int64, 64, 0x7FFFFFFFFFFFFFFF),
+}
+
+
+def _working_scores(scores: torch.Tensor) -> torch.Tensor:
+    """float32 (float64 stays float64) copy with -0.0 turned into +0.0 (they are equal)."""
+    dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    return scores.to(dtype) + 0.0
+
+
+def _order_keys(values: torch.Tensor, largest: bool) -> torch.Tensor:
+    """Integer keys (int32 for float32, int64 for float64) whose signed order is the float
+    order of ``values`` (reversed for ``largest=False``), so 'larger key' = 'selected first'."""
+    int_dtype, nbits, low = _KEY_TYPES[values.dtype]
+    bits = values.contiguous().view(int_dtype)
+    keys = bits ^ ((bits >> (nbits - 1)) & low)  # flip the magnitude bits of negative floats
+    return keys if largest else ~keys  # ~ reverses the order without overflow
+
+
+def _keys_to_values(keys: torch.Tensor, dtype: torch.dtype, largest: bool) -> torch.Tensor:
+    """Inverse of :func:`_order_keys` (the bit flip is an involution)."""
+    int_dtype, nbits, low = _KEY_TYPES[dtype]
+    keys = keys.to(int_dtype)
+    keys = keys if largest else ~keys
+    return (keys ^ ((keys >> (nbits - 1)) & low)).view(dtype)
 
 
 def _local_error(scores: Any, mask: Any, scope: str, group_ids: Any) -> str | None:
@@ -108,7 +123,9 @@ def _local_error(scores: Any, mask: Any, scope: str, group_ids: Any) -> str | No
             return f"group_ids must be an integer tensor, got dtype {group_ids.dtype}"
         if group_ids.numel() and int(group_ids.min()) < 0:
             return "group_ids must be >= 0"
-    if not bool(torch.isfinite(scores[mask]).all()):
+    if scores.numel() and not bool(
+        torch.isfinite(torch.stack(torch.aminmax(torch.where(mask, scores, 0)))).all()
+    ):  # min/max propagate nan and expose +-inf: two reductions instead of an isfinite pass
         return "scores must be finite at every valid (mask=True) position; found nan or inf"
     return None
 
@@ -227,61 +244,87 @@ def _select(
     unit_row, n_units = _units(scope, rows, max_rows, group_ids, device, group)  # (B,)
     if n_units == 0:
         return torch.zeros_like(mask)
+    batch_scope = scope == "batch"
 
-    row_valid = mask.sum(1)  # (B,)
     counts = torch.zeros(n_units, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, unit_row, row_valid)
+    counts.scatter_add_(0, unit_row, mask.sum(1))
     counts = dist_utils.all_reduce_sum(counts, group)  # (U,) global valid tokens per unit
     k = _counts_to_k(counts, frac)  # (U,)
 
-    keys, nbits = _order_keys(scores, largest)  # (B, T) int64
-    flat_idx = mask.reshape(-1).nonzero().squeeze(1)
-    cand_keys = keys.reshape(-1)[flat_idx]  # (n,) keys of the valid tokens
-    cand_units = unit_row.repeat_interleave(cols)[flat_idx] if n_units > 1 else None
+    values = _working_scores(scores)  # (B, T)
+    keys = _order_keys(values, largest)  # (B, T)
+    nbits = _KEY_TYPES[values.dtype][1]
+    shifts = list(range(nbits - _DIGIT_BITS, -1, -_DIGIT_BITS))
+
+    # Pass 1 over every position; masked positions go to an extra bin that is never counted.
+    top = torch.where(mask, (keys >> shifts[0]) + _RADIX // 2, _RADIX)  # (B, T)
+    flat = top if batch_scope else unit_row[:, None] * (_RADIX + 1) + top.long()
+    hist = torch.bincount(flat.reshape(-1), minlength=n_units * (_RADIX + 1))
+    hist = hist.view(n_units, _RADIX + 1)[:, :_RADIX]
     k_rem = k.clone()
-    tau = torch.zeros(n_units, dtype=torch.int64, device=device)
-    for i, shift in enumerate(range(nbits - _DIGIT_BITS, -1, -_DIGIT_BITS)):
-        digit = cand_keys >> shift
-        digit = digit + _RADIX // 2 if i == 0 else digit & (_RADIX - 1)  # (n,) in [0, 256)
+    v, k_rem = _pick_digit(dist_utils.all_reduce_sum(hist, group), k_rem)
+    tau = (v - _RADIX // 2) << shifts[0]  # (U,) int64 threshold key, built digit by digit
+    cand = (top == v[unit_row][:, None]).reshape(-1).nonzero().squeeze(1)  # masked: 256 != v
+    cand_keys = keys.reshape(-1)[cand]  # (n,)
+    cand_units = None if batch_scope else unit_row[cand // cols]
+    del top, flat, cand
+
+    for shift in shifts[1:]:
+        digit = ((cand_keys >> shift) & (_RADIX - 1)).long()  # (n,)
         flat = digit if cand_units is None else cand_units * _RADIX + digit
         hist = torch.bincount(flat, minlength=n_units * _RADIX).view(n_units, _RADIX)
-        hist = dist_utils.all_reduce_sum(hist, group)  # (U, 256)
-        at_least = hist.flip(1).cumsum(1).flip(1)  # (U, 256): tokens with digit >= v
-        v = (at_least >= k_rem[:, None]).sum(1) - 1  # (U,) digit holding the k_rem-th key
-        above = torch.where(
-            v < _RADIX - 1,
-            at_least.gather(1, (v + 1).clamp(max=_RADIX - 1)[:, None]).squeeze(1),
-            torch.zeros_like(v),
-        )
-        k_rem = k_rem - above
-        tau = tau + ((v - _RADIX // 2 if i == 0 else v) << shift)
+        v, k_rem = _pick_digit(dist_utils.all_reduce_sum(hist, group), k_rem)
+        tau = tau + (v << shift)
         keep = digit == (v[0] if cand_units is None else v[cand_units])
         cand_keys = cand_keys[keep]
         if cand_units is not None:
             cand_units = cand_units[keep]
+    # k_rem[u]: how many tokens equal to the threshold unit u still takes (row-major order).
 
-    # k_rem: how many tokens equal to the threshold each unit still takes (row-major order).
-    tau_tok = tau[unit_row][:, None]  # (B, 1)
-    above_mask = mask & (keys > tau_tok)  # (B, T)
-    tie = mask & (keys == tau_tok)  # (B, T)
+    threshold = _keys_to_values(tau, values.dtype, largest)  # (U,) float
+    thr = threshold.reshape(1, 1) if batch_scope else threshold[unit_row][:, None]  # (B, 1)
+    beyond = values > thr if largest else values < thr
+    selected = beyond & mask  # (B, T)
+    tie = (values == thr) & mask  # (B, T)
     row_ties = tie.sum(1)  # (B,)
     unit_ties = torch.zeros(n_units, dtype=torch.int64, device=device)
     unit_ties.scatter_add_(0, unit_row, row_ties)
     if group is not None:
         gathered = dist_utils.all_gather_stack(unit_ties, group)  # (W, U)
-        rank = dist_utils.get_rank(group)
-        rank_offset = gathered[:rank].sum(0)  # ties on earlier ranks, per unit
+        rank_offset = gathered[: dist_utils.get_rank(group)].sum(0)  # ties on earlier ranks
     else:
         rank_offset = torch.zeros_like(unit_ties)
-    order = torch.sort(unit_row, stable=True).indices  # rows grouped by unit, in row order
+    # ties before each row inside its unit: rows grouped by unit (stable), exclusive prefix sums
+    order = torch.sort(unit_row, stable=True).indices
     ties_sorted = row_ties[order]
-    before_sorted = ties_sorted.cumsum(0) - ties_sorted  # exclusive prefix over sorted rows
-    unit_start = unit_ties.cumsum(0) - unit_ties  # exclusive prefix over units
-    row_prefix = torch.empty_like(row_ties)
-    row_prefix[order] = before_sorted - unit_start[unit_row[order]]  # ties earlier in the unit
-    within = tie.long().cumsum(1) - tie.long()  # (B, T) ties earlier in the row
-    tie_rank = (rank_offset[unit_row] + row_prefix)[:, None] + within  # (B, T)
-    return above_mask | (tie & (tie_rank < k_rem[unit_row][:, None]))
+    before_sorted = ties_sorted.cumsum(0) - ties_sorted
+    unit_start = unit_ties.cumsum(0) - unit_ties
+    row_before = torch.empty_like(row_ties)
+    row_before[order] = before_sorted - unit_start[unit_row[order]]
+    row_before = row_before + rank_offset[unit_row]  # (B,) ties earlier in the global order
+    take = (k_rem[unit_row] - row_before).clamp(min=0)  # (B,) ties this row may still take
+    take = torch.minimum(take, row_ties)
+    whole = take == row_ties  # rows that take all their ties (incl. rows with none)
+    selected |= tie & whole[:, None]
+    partial = (~whole).nonzero().squeeze(1)  # at most one row per unit (all rows if 'sequence')
+    if partial.numel():
+        sub = tie[partial]  # (P, T)
+        rank_in_row = sub.cumsum(1)  # 1-based rank of each tie in its row
+        selected[partial] |= sub & (rank_in_row <= take[partial][:, None])
+    return selected
+
+
+def _pick_digit(hist: torch.Tensor, k_rem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Digit of the k_rem-th largest key per unit and the new k_rem (within that digit).
+
+    hist: ``(U, R)`` counts of candidate digits; k_rem: ``(U,)`` (0 for empty units).
+    """
+    at_least = hist.flip(1).cumsum(1).flip(1)  # (U, R): candidates with digit >= d
+    v = (at_least >= k_rem[:, None]).sum(1) - 1  # (U,) largest d with at_least[d] >= k_rem
+    last = hist.shape[1] - 1
+    above = at_least.gather(1, (v + 1).clamp(max=last)[:, None]).squeeze(1)
+    above = torch.where(v < last, above, torch.zeros_like(above))  # candidates with digit > v
+    return v, k_rem - above
 
 
 def selection_threshold(

@@ -1,0 +1,470 @@
+"""omega against autograd, losses against hand-written formulas, micro-batching, metrics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gmts
+from gmts.core.objectives import token_objective
+
+
+def _batch(seed: int, b: int, t: int, spread: float, per_token_adv: bool, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g, dtype=dtype) * 3  # log pi_old in (-3, 0]
+    lp = old + torch.randn(b, t, generator=g, dtype=dtype) * spread  # ratios around 1
+    ref = old + torch.randn(b, t, generator=g, dtype=dtype) * 2 * spread
+    shape = (b, t) if per_token_adv else (b,)
+    adv = torch.randn(shape, generator=g, dtype=dtype)
+    adv = torch.where(torch.rand(shape, generator=g, dtype=dtype) < 0.1, 0.0, adv)  # A = 0 too
+    return lp, old, ref, adv
+
+
+def _reference_objective(lp, old, ref, adv, clip_low, clip_high, dual_clip, kl_coef, corr, clamp):
+    """Written like verl/TRL with min/max (gradients agree away from exact ties)."""
+    a = adv if adv.dim() == 2 else adv[:, None].expand_as(lp)
+    r = torch.exp(lp - old)
+    s = torch.min(r * a, torch.clamp(r, 1 - clip_low, 1 + clip_high) * a)
+    if dual_clip is not None:
+        s = torch.where(a < 0, torch.max(s, dual_clip * a), s)
+    d = torch.exp(ref - lp) - (ref - lp) - 1
+    if clamp is not None:
+        d = torch.clamp(d, min=-clamp, max=clamp)
+    if corr:
+        d = d * r
+    return s - kl_coef * d
+
+
+options = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**31 - 1),
+        "b": st.integers(1, 4),
+        "t": st.integers(1, 7),
+        "spread": st.sampled_from([0.01, 0.2, 0.6, 1.5]),
+        "per_token_adv": st.booleans(),
+        "clip_low": st.sampled_from([0.0, 0.1, 0.2, 0.5]),
+        "clip_high": st.sampled_from([0.0, 0.2, 0.28, 1.0]),
+        "dual_clip": st.sampled_from([None, 1.5, 3.0]),
+        "kl_coef": st.sampled_from([0.0, 0.001, 0.1, 1.0]),
+        "kl_ratio_correction": st.booleans(),
+        "kl_clamp": st.sampled_from([None, 0.5, 10.0]),
+    }
+)
+
+
+def _check_close(omega: torch.Tensor, grad: torch.Tensor) -> None:
+    err = (omega - grad).abs()
+    tol = 1e-6 * grad.abs().clamp_min(1e-6)
+    assert bool((err <= tol).all()), f"max abs err {err.max().item()}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(options)
+def test_omega_equals_autograd_of_the_reference_objective(o):
+    lp, old, ref, adv = _batch(o["seed"], o["b"], o["t"], o["spread"], o["per_token_adv"])
+    kw = dict(
+        clip_low=o["clip_low"],
+        clip_high=o["clip_high"],
+        dual_clip=o["dual_clip"],
+        kl_coef=o["kl_coef"],
+        kl_ratio_correction=o["kl_ratio_correction"],
+        kl_clamp=o["kl_clamp"],
+    )
+    use_ref = ref if o["kl_coef"] > 0 else None
+    omega = gmts.gradient_coefficient(lp, old, adv, ref_logprobs=use_ref, **kw)
+    assert omega.shape == lp.shape and not omega.requires_grad
+
+    lp_var = lp.clone().requires_grad_(True)
+    l_ref = _reference_objective(
+        lp_var,
+        old,
+        ref,
+        adv,
+        o["clip_low"],
+        o["clip_high"],
+        o["dual_clip"],
+        o["kl_coef"],
+        o["kl_ratio_correction"],
+        o["kl_clamp"],
+    )
+    (grad_ref,) = torch.autograd.grad(l_ref.sum(), lp_var)
+    _check_close(omega, grad_ref)
+
+    # ... and of our own token objective (torch.where form), which policy_loss differentiates.
+    lp_var = lp.clone().requires_grad_(True)
+    s, d, _ = token_objective(lp_var, old, adv, ref_logprobs=use_ref, **kw)
+    (grad_own,) = torch.autograd.grad((s - o["kl_coef"] * d).sum(), lp_var)
+    _check_close(omega, grad_own)
+    # the two objectives agree in value
+    torch.testing.assert_close(
+        (s - o["kl_coef"] * d).detach(), l_ref.detach(), rtol=1e-12, atol=1e-12
+    )
+
+
+def _exact_log(x: float) -> float:
+    """A float64 y with torch.exp(y) == x exactly (searching the neighbours of log(x))."""
+    y = math.log(x)
+    for _ in range(64):
+        e = torch.exp(torch.tensor(y, dtype=torch.float64)).item()
+        if e == x:
+            return y
+        y = math.nextafter(y, math.inf if e < x else -math.inf)
+    return math.log(x)  # not exactly representable: only used away from the boundaries
+
+
+@pytest.mark.parametrize(
+    "ratio, adv, dual, expected_active",
+    [
+        (1.28, 1.0, None, True),  # on the upper bound: clamp passes the gradient
+        (1.2800001, 1.0, None, False),  # above it with A > 0: clipped
+        (0.8, -1.0, None, True),  # on the lower bound
+        (0.7999999, -1.0, None, False),
+        (5.0, -1.0, None, True),  # A < 0, r large: unclipped without dual clip
+        (5.0, -1.0, 2.0, False),  # ... bounded by the dual clip
+        (2.0, -1.0, 2.0, True),  # on the dual-clip boundary (strict inequality)
+        (0.1, 1.0, None, True),  # A > 0, r small: unclipped
+    ],
+)
+def test_omega_on_the_clip_boundaries(ratio, adv, dual, expected_active):
+    old = torch.zeros(1, 1, dtype=torch.float64)
+    lp = torch.full((1, 1), _exact_log(ratio), dtype=torch.float64)
+    a = torch.tensor([adv], dtype=torch.float64)
+    omega = gmts.gradient_coefficient(lp, old, a, clip_low=0.2, clip_high=0.28, dual_clip=dual)
+    r = math.exp(lp.item())
+    if ratio in (1.28, 0.8, 2.0):
+        assert torch.exp(lp).item() == ratio  # really on the boundary
+    assert omega.item() == pytest.approx(r * adv if expected_active else 0.0, rel=1e-12)
+    lp_var = lp.clone().requires_grad_(True)
+    s, _, _ = token_objective(lp_var, old, a, clip_low=0.2, clip_high=0.28, dual_clip=dual)
+    (grad,) = torch.autograd.grad(s.sum(), lp_var)
+    assert grad.item() == pytest.approx(omega.item(), rel=1e-12, abs=0)
+
+
+def test_omega_closed_forms():
+    """Hand-computed: the digest's omega = r A I + beta rho - beta, and TRL's r log rho form."""
+    lp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    old = torch.tensor([[-1.1, -2.0]], dtype=torch.float64)
+    ref = torch.tensor([[-0.5, -3.0]], dtype=torch.float64)
+    adv = torch.tensor([0.5], dtype=torch.float64)
+    r = torch.exp(lp - old)
+    rho = torch.exp(ref - lp)
+    beta = 0.3
+    plain = gmts.gradient_coefficient(lp, old, adv, ref_logprobs=ref, kl_coef=beta)
+    torch.testing.assert_close(plain, r * 0.5 + beta * rho - beta)
+    corrected = gmts.gradient_coefficient(
+        lp, old, adv, ref_logprobs=ref, kl_coef=beta, kl_ratio_correction=True
+    )
+    torch.testing.assert_close(corrected, r * 0.5 + beta * r * torch.log(rho))
+    # DAPO near on-policy: omega = A
+    on = gmts.gradient_coefficient(lp, lp, adv)
+    torch.testing.assert_close(on, torch.full_like(lp, 0.5))
+
+
+# ---------------------------------------------------------------------------------------------
+# losses against hand-written reference formulas
+
+
+def _rows(b=4, t=6, seed=0):
+    lp, old, ref, adv = _batch(seed, b, t, 0.3, False)
+    g = torch.Generator().manual_seed(seed + 1)
+    lengths = [t, 1, t - 2, 3][:b]
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = True
+    selected = (torch.rand(b, t, generator=g) < 0.4) & mask
+    selected[0, 0] = True
+    return lp, old, ref, adv, mask, selected
+
+
+def _token_l(lp, old, ref, adv, beta, i, t):
+    """l_{i,t} of GRPO eq. 1 for one token, from scalars (clip 0.2 / 0.28)."""
+    r = math.exp(lp[i, t] - old[i, t])
+    a = float(adv[i])
+    s = min(r * a, min(max(r, 0.8), 1.28) * a)
+    x = float(ref[i, t] - lp[i, t])
+    d = math.exp(x) - x - 1
+    return s - beta * d, s, d
+
+
+def test_grpo_eq1_seq_mean_token_mean():
+    lp, old, ref, adv, mask, _ = _rows()
+    beta = 0.05
+    loss, _ = gmts.policy_loss(
+        lp, old, adv, mask, ref_logprobs=ref, kl_coef=beta, aggregation="seq-mean-token-mean"
+    )
+    per_seq = []
+    for i in range(lp.shape[0]):
+        toks = [t for t in range(lp.shape[1]) if mask[i, t]]
+        per_seq.append(sum(_token_l(lp, old, ref, adv, beta, i, t)[0] for t in toks) / len(toks))
+    expected = -sum(per_seq) / len(per_seq)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_dapo_token_mean():
+    lp, old, ref, adv, mask, _ = _rows()
+    loss, _ = gmts.policy_loss(lp, old, adv, mask, aggregation="token-mean")
+    total, n = 0.0, 0
+    for i, t in itertools.product(range(lp.shape[0]), range(lp.shape[1])):
+        if mask[i, t]:
+            total += _token_l(lp, old, ref, adv, 0.0, i, t)[1]
+            n += 1
+    assert loss.item() == pytest.approx(-total / n, rel=1e-12)
+
+
+def test_gmts_eq2_selected_mean_with_kl_inside():
+    lp, old, ref, adv, mask, sel = _rows()
+    beta = 0.05
+    loss, metrics = gmts.policy_loss(
+        lp, old, adv, mask, ref_logprobs=ref, kl_coef=beta, selected=sel
+    )
+    terms = [
+        _token_l(lp, old, ref, adv, beta, i, t)[0]
+        for i, t in itertools.product(range(lp.shape[0]), range(lp.shape[1]))
+        if sel[i, t] and mask[i, t]
+    ]
+    assert loss.item() == pytest.approx(-sum(terms) / len(terms), rel=1e-12)
+    assert metrics["selected_fraction"] == pytest.approx(len(terms) / int(mask.sum()))
+
+
+def test_trl_and_reference_code_normalisation():
+    """normalize='all', kl_tokens='all': (1/N) sum over valid of (-s * sel + beta * D)."""
+    lp, old, ref, adv, mask, sel = _rows()
+    beta = 0.05
+    loss, _ = gmts.policy_loss(
+        lp,
+        old,
+        adv,
+        mask,
+        ref_logprobs=ref,
+        kl_coef=beta,
+        selected=sel,
+        normalize="all",
+        kl_tokens="all",
+    )
+    total, n = 0.0, 0
+    for i, t in itertools.product(range(lp.shape[0]), range(lp.shape[1])):
+        if mask[i, t]:
+            _, s, d = _token_l(lp, old, ref, adv, beta, i, t)
+            total += (-s if sel[i, t] else 0.0) + beta * d
+            n += 1
+    assert loss.item() == pytest.approx(total / n, rel=1e-12)
+
+
+def test_ets_code_normalisation():
+    """normalize='selected', kl_tokens='all': selected-mean policy term + all-token-mean KL."""
+    lp, old, ref, adv, mask, sel = _rows()
+    beta = 0.05
+    loss, _ = gmts.policy_loss(
+        lp,
+        old,
+        adv,
+        mask,
+        ref_logprobs=ref,
+        kl_coef=beta,
+        selected=sel,
+        normalize="selected",
+        kl_tokens="all",
+    )
+    pol, kl, n_sel, n = 0.0, 0.0, 0, 0
+    for i, t in itertools.product(range(lp.shape[0]), range(lp.shape[1])):
+        if mask[i, t]:
+            _, s, d = _token_l(lp, old, ref, adv, beta, i, t)
+            kl += d
+            n += 1
+            if sel[i, t]:
+                pol -= s
+                n_sel += 1
+    assert loss.item() == pytest.approx(pol / n_sel + beta * kl / n, rel=1e-12)
+
+
+def test_reference_code_grpo_mode_seq_mean_normalize_all():
+    """Authors' GRPO mode: unselected tokens get A = 0, per-sequence 1/(G |o_i|)."""
+    lp, old, ref, adv, mask, sel = _rows()
+    loss, _ = gmts.policy_loss(
+        lp,
+        old,
+        adv,
+        mask,
+        selected=sel,
+        aggregation="seq-mean-token-mean",
+        normalize="all",
+        kl_tokens="all",
+    )
+    b = lp.shape[0]
+    expected = 0.0
+    for i in range(b):
+        toks = [t for t in range(lp.shape[1]) if mask[i, t]]
+        expected -= sum(_token_l(lp, old, ref, adv, 0, i, t)[1] for t in toks if sel[i, t]) / (
+            b * len(toks)
+        )
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_gradient_is_minus_omega_over_count():
+    lp, old, ref, adv, mask, sel = _rows()
+    beta = 0.1
+    lp_var = lp.clone().requires_grad_(True)
+    loss, _ = gmts.policy_loss(
+        lp_var,
+        old,
+        adv,
+        mask,
+        ref_logprobs=ref,
+        kl_coef=beta,
+        selected=sel,
+        kl_ratio_correction=True,
+        dual_clip=2.0,
+    )
+    (grad,) = torch.autograd.grad(loss, lp_var)
+    omega = gmts.gradient_coefficient(
+        lp, old, adv, ref_logprobs=ref, kl_coef=beta, kl_ratio_correction=True, dual_clip=2.0
+    )
+    expected = torch.where(sel & mask, -omega / int((sel & mask).sum()), 0.0)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("aggregation", list(gmts.AGGREGATIONS))
+@pytest.mark.parametrize("normalize", ["selected", "all"])
+@pytest.mark.parametrize("kl_tokens", ["selected", "all"])
+@pytest.mark.parametrize("with_selection", [True, False])
+def test_micro_batches_add_up_to_the_full_loss(aggregation, normalize, kl_tokens, with_selection):
+    lp, old, ref, adv, mask, sel = _rows(b=4, t=6, seed=3)
+    sel = sel if with_selection else None
+    kw = dict(
+        ref_logprobs=ref,
+        kl_coef=0.1,
+        aggregation=aggregation,
+        normalize=normalize,
+        kl_tokens=kl_tokens,
+    )
+    lp_full = lp.clone().requires_grad_(True)
+    full, _ = gmts.policy_loss(lp_full, old, adv, mask, selected=sel, **kw)
+    (g_full,) = torch.autograd.grad(full, lp_full)
+
+    den = gmts.loss_denominator(mask, sel, aggregation, normalize)
+    kl_den = gmts.loss_denominator(mask, None, aggregation, "all")
+    lp_micro = lp.clone().requires_grad_(True)
+    total = 0.0
+    for rows in ([0], [1, 2], [3]):
+        loss, _ = gmts.policy_loss(
+            lp_micro[rows],
+            old[rows],
+            adv[rows],
+            mask[rows],
+            ref_logprobs=ref[rows],
+            kl_coef=0.1,
+            aggregation=aggregation,
+            normalize=normalize,
+            kl_tokens=kl_tokens,
+            selected=sel[rows] if sel is not None else None,
+            denominator=den,
+            kl_denominator=kl_den,
+        )
+        total = total + loss
+    (g_micro,) = torch.autograd.grad(total, lp_micro)
+    assert total.item() == pytest.approx(full.item(), rel=1e-12, abs=1e-15)
+    torch.testing.assert_close(g_micro, g_full, rtol=1e-12, atol=1e-15)
+
+
+def test_missing_kl_denominator_is_an_error():
+    lp, old, ref, adv, mask, sel = _rows()
+    with pytest.raises(ValueError, match="kl_denominator"):
+        gmts.policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            ref_logprobs=ref,
+            kl_coef=0.1,
+            selected=sel,
+            kl_tokens="all",
+            denominator=3.0,
+        )
+
+
+def test_metrics():
+    lp, old, ref, adv, mask, sel = _rows()
+    entropy = torch.rand(lp.shape, dtype=torch.float64)
+    scores = torch.rand(lp.shape, dtype=torch.float64)
+    _, m = gmts.policy_loss(
+        lp,
+        old,
+        adv,
+        mask,
+        ref_logprobs=ref,
+        kl_coef=0.1,
+        selected=sel,
+        entropy=entropy,
+        scores=scores,
+    )
+    sel = sel & mask
+    assert m["entropy_mean"] == pytest.approx(entropy[mask].mean().item())
+    assert m["entropy_selected_mean"] == pytest.approx(entropy[sel].mean().item())
+    assert m["score_threshold"] == pytest.approx(scores[sel].min().item())
+    a = adv[:, None].expand_as(lp)
+    assert m["positive_advantage_fraction_selected"] == pytest.approx(
+        (a[sel] > 0).double().mean().item()
+    )
+    r = torch.exp(lp - old)
+    clipped = ((a > 0) & (r > 1.28)) | ((a < 0) & (r < 0.8))
+    assert m["clip_fraction"] == pytest.approx(clipped[mask].double().mean().item())
+    assert m["clip_fraction_selected"] == pytest.approx(clipped[sel].double().mean().item())
+    d = torch.exp(ref - lp) - (ref - lp) - 1
+    assert m["kl_mean"] == pytest.approx(d[mask].mean().item())
+    assert all(isinstance(v, float) for v in m.values())
+
+
+def test_all_masked_batch_gives_zero_loss_and_nan_means():
+    lp, old, ref, adv, mask, _ = _rows()
+    lp_var = lp.clone().requires_grad_(True)
+    none = torch.zeros_like(mask)
+    loss, m = gmts.policy_loss(lp_var, old, adv, none)
+    loss.backward()
+    assert loss.item() == 0.0 and bool((lp_var.grad == 0).all())
+    assert math.isnan(m["selected_fraction"]) and math.isnan(m["clip_fraction"])
+
+
+def test_objective_config_presets_and_validation():
+    grpo = gmts.ObjectiveConfig.preset("grpo")
+    assert grpo.aggregation == "seq-mean-token-mean" and grpo.kl_coef > 0
+    dapo = gmts.ObjectiveConfig.preset("dapo", clip_high=0.3)
+    assert dapo.aggregation == "token-mean" and dapo.kl_coef == 0 and dapo.clip_high == 0.3
+    for f in gmts.ObjectiveConfig.__dataclass_fields__.values():
+        assert f.metadata.get("help"), f.name
+    with pytest.raises(ValueError, match="preset"):
+        gmts.ObjectiveConfig.preset("ppo")
+    with pytest.raises(ValueError, match="aggregation"):
+        gmts.ObjectiveConfig(aggregation="mean")
+    with pytest.raises(ValueError, match="dual_clip"):
+        gmts.ObjectiveConfig(dual_clip=0.9)
+    with pytest.raises(ValueError, match="clip_low"):
+        gmts.ObjectiveConfig(clip_low=-0.1)
+    with pytest.raises(ValueError, match="unknown ObjectiveConfig fields"):
+        gmts.ObjectiveConfig.preset("grpo", beta=1.0)
+
+
+def test_bad_inputs_name_the_argument():
+    lp, old, ref, adv, mask, sel = _rows()
+    with pytest.raises(ValueError, match="old_logprobs"):
+        gmts.gradient_coefficient(lp, old[:, :-1], adv)
+    with pytest.raises(ValueError, match="advantages"):
+        gmts.gradient_coefficient(lp, old, adv[:-1])
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        gmts.gradient_coefficient(lp, old, adv, kl_coef=0.1)
+    with pytest.raises(ValueError, match="mask"):
+        gmts.policy_loss(lp, old, adv, mask[:, :-1])
+    with pytest.raises(ValueError, match="selected"):
+        gmts.policy_loss(lp, old, adv, mask, selected=sel[:-1])
+    with pytest.raises(ValueError, match="aggregation"):
+        gmts.policy_loss(lp, old, adv, mask, aggregation="mean")
+    with pytest.raises(ValueError, match="normalize"):
+        gmts.policy_loss(lp, old, adv, mask, normalize="none")
+    with pytest.raises(ValueError, match="kl_tokens"):
+        gmts.policy_loss(lp, old, adv, mask, kl_tokens="none")
+    with pytest.raises(ValueError, match="denominator"):
+        gmts.policy_loss(lp, old, adv, mask, denominator=0.0)
