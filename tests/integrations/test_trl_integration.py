@@ -1,0 +1,205 @@
+"""GMTSGRPOTrainer against TRL's own GRPOTrainer on a tiny offline model (CPU)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from gmts.data.tiny_model import TinyModelConfig, build_tiny_model  # noqa: E402
+from gmts.data.tokenizer import build_char_tokenizer  # noqa: E402
+from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer, check_trl_args  # noqa: E402
+
+
+def _length_reward(completions, **kwargs):
+    return [float(len(c) % 3) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    """A tiny Qwen2 model and the char tokenizer saved locally (no hub)."""
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(
+        tokenizer,
+        TinyModelConfig(architecture="qwen2", hidden_size=32, num_heads=2, num_layers=1),
+    )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _dataset() -> Dataset:
+    return Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5*6=", "7-2="] * 2])
+
+
+def _common(**overrides):
+    kwargs = dict(
+        output_dir=tempfile.mkdtemp(),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def _build(trainer_cls, args, model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    trainer = trainer_cls(
+        model=model_dir,
+        reward_funcs=_length_reward,
+        args=args,
+        train_dataset=_dataset(),
+        processing_class=tokenizer,
+    )
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() otherwise
+    return trainer
+
+
+def _inputs(seed: int, beta: float) -> dict[str, torch.Tensor]:
+    """A micro-batch in TRL's layout: left-padded prompts, right-padded completions."""
+    g = torch.Generator().manual_seed(seed)
+    B, P, T, V = 6, 4, 7, 16
+    prompt_ids = torch.randint(0, V, (B, P), generator=g)
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # left padding
+    prompt_mask[3, :1] = 0
+    completion_ids = torch.randint(0, V, (B, T), generator=g)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 4])
+    completion_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(B, generator=g),
+        # stale old policy: ratios spread around 1, some clipped
+        "old_per_token_logps": -2.8 + 0.3 * torch.randn(B, T, generator=g),
+        "num_items_in_batch": completion_mask.sum().float(),
+    }
+    if beta:
+        inputs["ref_per_token_logps"] = -2.8 + 0.3 * torch.randn(B, T, generator=g)
+    return inputs
+
+
+def _loss_and_grads(trainer, inputs):
+    model = trainer.model
+    model.train()
+    model.zero_grad()
+    loss = trainer._compute_loss(model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize(
+    "loss_type,beta,bias_kl",
+    [("dapo", 0.0, True), ("grpo", 0.04, True), ("bnpo", 0.04, False), ("dr_grpo", 0.0, True)],
+)
+def test_entropy_selection_equals_trl_top_entropy_quantile(model_dir, loss_type, beta, bias_kl):
+    """score=entropy, normalize=all, kl_tokens=all == TRL's top_entropy_quantile (no ties)."""
+    rho = 0.2
+    common = _common(loss_type=loss_type, beta=beta, use_bias_correction_kl=bias_kl)
+    trl_trainer = _build(GRPOTrainer, GRPOConfig(**common, top_entropy_quantile=rho), model_dir)
+    gmts_args = GMTSGRPOConfig(
+        **common,
+        gmts_score="entropy",
+        gmts_ratio=rho,
+        gmts_normalize="all",
+        gmts_kl_tokens="all",
+    )
+    gmts_trainer = _build(GMTSGRPOTrainer, gmts_args, model_dir)
+    for seed in (0, 1):
+        inputs = _inputs(seed, beta)
+        ref_loss, ref_grads = _loss_and_grads(trl_trainer, inputs)
+        loss, grads = _loss_and_grads(gmts_trainer, inputs)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-7)
+        assert ref_grads.keys() == grads.keys()
+        for name in grads:
+            torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-7)
+        # exact count: 21 valid... k = ceil(0.2 * N), global over the micro-batch
+        n_valid = int(inputs["completion_mask"].sum())
+        assert gmts_trainer.gmts_last["selected_tokens"] == math.ceil(rho * n_valid)
+
+
+def test_paper_normalisation_divides_by_selected_count(model_dir):
+    """normalize=selected (eq. 2) is the all-normalised token-mean scaled by N / S."""
+    rho = 0.4
+    common = _common(loss_type="bnpo", beta=0.0)
+    base = dict(gmts_score="gmts", gmts_ratio=rho, gmts_kl_tokens="all")
+    all_t = _build(
+        GMTSGRPOTrainer, GMTSGRPOConfig(**common, **base, gmts_normalize="all"), model_dir
+    )
+    sel_t = _build(
+        GMTSGRPOTrainer, GMTSGRPOConfig(**common, **base, gmts_normalize="selected"), model_dir
+    )
+    inputs = _inputs(3, 0.0)
+    loss_all, _ = _loss_and_grads(all_t, inputs)
+    loss_sel, _ = _loss_and_grads(sel_t, inputs)
+    n = int(inputs["completion_mask"].sum())
+    k = math.ceil(rho * n)
+    torch.testing.assert_close(loss_sel, loss_all * n / k, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (dict(loss_type="cispo"), "loss_type"),
+        (dict(top_entropy_quantile=0.2), "top_entropy_quantile"),
+        (dict(importance_sampling_level="sequence", loss_type="grpo"), "importance_sampling_level"),
+        (dict(delta=2.0), "delta"),
+        (dict(entropy_coef=0.01), "entropy bonus"),
+        (dict(gmts_scope="group"), "gmts_scope"),
+    ],
+)
+def test_unsupported_trl_options_raise_at_construction(overrides, needle):
+    args = GMTSGRPOConfig(**_common(**overrides))
+    with pytest.raises(ValueError, match=needle):
+        check_trl_args(args)
+
+
+def test_bad_gmts_fields_and_plain_config_are_rejected():
+    with pytest.raises(ValueError, match="gmts_"):
+        GMTSGRPOConfig(**_common(gmts_ratio=1.5))
+    with pytest.raises(ValueError, match="GMTSGRPOConfig"):
+        check_trl_args(GRPOConfig(**_common()))
+
+
+@pytest.mark.slow
+def test_tiny_model_trains_with_gmts_and_logs_selection_metrics(model_dir):
+    args = GMTSGRPOConfig(
+        **_common(loss_type="dapo", beta=0.04, learning_rate=1e-2, max_steps=3),
+        gmts_score="gmts",
+        gmts_ratio=0.2,
+    )
+    trainer = _build(GMTSGRPOTrainer, args, model_dir)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed, "no parameter changed after training"
+    logs = [entry for entry in trainer.state.log_history if "gmts/selected_fraction" in entry]
+    assert len(logs) == 3
+    for entry in logs:
+        assert entry["gmts/selected_tokens"] == math.ceil(0.2 * entry["gmts/valid_tokens"])
+        assert 0 < entry["gmts/selected_fraction"] <= 0.2 + 1 / entry["gmts/valid_tokens"]
+        assert math.isfinite(entry["gmts/score_threshold"])
+        assert 0.0 <= entry["gmts/clip_fraction_selected"] <= 1.0
