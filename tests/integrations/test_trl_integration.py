@@ -203,3 +203,43 @@ def test_tiny_model_trains_with_gmts_and_logs_selection_metrics(model_dir):
         assert 0 < entry["gmts/selected_fraction"] <= 0.2 + 1 / entry["gmts/valid_tokens"]
         assert math.isfinite(entry["gmts/score_threshold"])
         assert 0.0 <= entry["gmts/clip_fraction_selected"] <= 1.0
+
+
+@pytest.mark.slow
+def test_trl_two_processes_select_globally(model_dir, tmp_path):
+    """torchrun, 2 CPU processes: k = ceil(ratio * N) with N summed over both processes."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("trl_two_process_worker.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29517",
+        str(worker),
+        model_dir,
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["num_processes"] == 2 for r in ranks)
+    steps = list(zip(ranks[0]["records"], ranks[1]["records"]))
+    assert len(steps) == 3
+    for r0, r1 in steps:
+        n_global = r0["local_valid_tokens"] + r1["local_valid_tokens"]
+        assert r0["valid_tokens"] == r1["valid_tokens"] == n_global
+        k_global = r0["local_selected_tokens"] + r1["local_selected_tokens"]
+        assert r0["selected_tokens"] == r1["selected_tokens"] == k_global
+        assert k_global == math.ceil(0.3 * n_global)
+    # DDP kept both replicas identical, and training moved them
+    assert ranks[0]["checksum_after"] == pytest.approx(ranks[1]["checksum_after"], rel=1e-9)
+    assert ranks[0]["checksum_after"] != ranks[0]["checksum_before"]
