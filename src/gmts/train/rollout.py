@@ -1,0 +1,432 @@
+"""Batched, KV-cached sampling of G completions per prompt, for any Hugging Face causal LM.
+
+Prompts are left-padded with an attention mask and explicit position ids (``cumsum(mask) - 1``),
+so prompts of different lengths sample exactly as they would alone. Each row stops at its first
+EOS; the response mask is built from the lengths (EOS included), never from token values, so a
+pad token equal to EOS is safe. Sampling draws from one ``torch.Generator`` seeded per call:
+the same seed gives the same rollouts.
+
+Two samplers are offered: a hand-written loop over ``model(..., past_key_values=...)`` (the
+default; faster on the tiny model, see the module's ``SAMPLERS`` note) and ``model.generate``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+SAMPLERS = ("cache-loop", "generate")
+"""Measured on the tiny model (2 CPU cores, 3,200 rows x 10 new tokens): see docs of
+``generate_rollouts``; "cache-loop" is the default."""
+
+
+@dataclass
+class Rollout:
+    """G sampled completions for each of Q prompts; B = Q * G rows, a group's rows contiguous.
+
+    Attributes:
+        prompt_ids: (B, P) long, left-padded with ``pad_token_id``.
+        prompt_mask: (B, P) bool, True on real prompt tokens.
+        response_ids: (B, T) long, right-padded with ``pad_token_id`` after the EOS.
+        response_mask: (B, T) bool, ``arange(T) < response_lengths`` (EOS included).
+        response_lengths: (B,) long, tokens generated including the EOS.
+        finished: (B,) bool, True where the row produced EOS within the budget.
+        group_ids: (B,) long, index of the row's prompt, 0..Q-1.
+        prompts, completions, answers: B strings each; completions are decoded without special
+            tokens (so without the EOS).
+        num_samples: G.
+        pad_token_id: the id used for padding (may equal the EOS id).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    response_lengths: torch.Tensor
+    finished: torch.Tensor
+    group_ids: torch.Tensor
+    prompts: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    num_samples: int = 1
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        rows = self.prompt_ids.shape[0]
+        for name in ("prompt_mask", "response_ids", "response_mask", "response_lengths"):
+            if getattr(self, name).shape[0] != rows:
+                raise ValueError(f"{name} has {getattr(self, name).shape[0]} rows, expected {rows}")
+        for name in ("finished", "group_ids", "prompts", "completions", "answers"):
+            if len(getattr(self, name)) != rows:
+                raise ValueError(f"{name} has {len(getattr(self, name))} rows, expected {rows}")
+
+    # ---- views ---------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """B, the number of rows."""
+        return self.prompt_ids.shape[0]
+
+    @property
+    def num_groups(self) -> int:
+        """Q, the number of prompts (groups)."""
+        return int(self.group_ids.max().item()) + 1 if self.batch_size else 0
+
+    @property
+    def prompt_length(self) -> int:
+        """P, the padded prompt length (response token t sits at position P + t)."""
+        return self.prompt_ids.shape[1]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """(B, P + T) long: prompt then response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, P + T) long: 1 on real prompt and response tokens (EOS included)."""
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1).long()
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """(B, P + T) long: the positions the sampler used, ``cumsum(attention_mask) - 1``.
+
+        Pass these to the model when recomputing log-probs of left-padded rows, otherwise a model
+        with learned or rotary positions sees different positions than at sampling time.
+        """
+        return position_ids_from_mask(self.attention_mask)
+
+    # ---- manipulation --------------------------------------------------------------------------
+    def to(self, device: torch.device | str) -> Rollout:
+        """A copy with every tensor on ``device`` (strings are shared)."""
+        values = {
+            f.name: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            for f in fields(self)
+            for v in [getattr(self, f.name)]
+        }
+        return Rollout(**values)
+
+    def select(self, rows: torch.Tensor | Sequence[int]) -> Rollout:
+        """The rows ``rows`` (indices or a (B,) bool mask), group ids renumbered 0..Q'-1.
+
+        Keep whole groups (e.g. ``rows = keep.repeat_interleave(G)`` for a (Q,) bool ``keep``) to
+        keep group statistics meaningful; the padded widths P and T shrink to what is used.
+        """
+        index = torch.as_tensor(rows, device=self.prompt_ids.device)
+        if index.dtype == torch.bool:
+            if index.shape != (self.batch_size,):
+                raise ValueError(
+                    f"bool rows must have shape ({self.batch_size},), got {tuple(index.shape)}"
+                )
+            index = index.nonzero().flatten()
+        index = index.long()
+        picked = index.tolist()
+        _, group_ids = torch.unique(self.group_ids[index], return_inverse=True)
+        out = Rollout(
+            prompt_ids=self.prompt_ids[index],
+            prompt_mask=self.prompt_mask[index],
+            response_ids=self.response_ids[index],
+            response_mask=self.response_mask[index],
+            response_lengths=self.response_lengths[index],
+            finished=self.finished[index],
+            group_ids=group_ids.reshape(-1),
+            prompts=[self.prompts[i] for i in picked],
+            completions=[self.completions[i] for i in picked],
+            answers=[self.answers[i] for i in picked],
+            num_samples=self.num_samples,
+            pad_token_id=self.pad_token_id,
+        )
+        return out._trimmed()
+
+    @staticmethod
+    def concat(rollouts: Sequence[Rollout]) -> Rollout:
+        """Rows of all ``rollouts`` in order, re-padded (prompts left, responses right); group ids
+        of later rollouts are offset so that groups stay distinct."""
+        if not rollouts:
+            raise ValueError("rollouts must not be empty")
+        first = rollouts[0]
+        width_p = max(r.prompt_length for r in rollouts)
+        width_t = max(r.response_ids.shape[1] for r in rollouts)
+        pad = first.pad_token_id
+        prompt_ids, prompt_mask, response_ids, response_mask, group_ids = [], [], [], [], []
+        offset = 0
+        for r in rollouts:
+            if r.num_samples != first.num_samples or r.pad_token_id != pad:
+                raise ValueError("rollouts must share num_samples and pad_token_id")
+            lp = width_p - r.prompt_length
+            rt = width_t - r.response_ids.shape[1]
+            prompt_ids.append(torch.nn.functional.pad(r.prompt_ids, (lp, 0), value=pad))
+            prompt_mask.append(torch.nn.functional.pad(r.prompt_mask, (lp, 0), value=False))
+            response_ids.append(torch.nn.functional.pad(r.response_ids, (0, rt), value=pad))
+            response_mask.append(torch.nn.functional.pad(r.response_mask, (0, rt), value=False))
+            group_ids.append(r.group_ids + offset)
+            offset += r.num_groups
+        return Rollout(
+            prompt_ids=torch.cat(prompt_ids),
+            prompt_mask=torch.cat(prompt_mask),
+            response_ids=torch.cat(response_ids),
+            response_mask=torch.cat(response_mask),
+            response_lengths=torch.cat([r.response_lengths for r in rollouts]),
+            finished=torch.cat([r.finished for r in rollouts]),
+            group_ids=torch.cat(group_ids),
+            prompts=[s for r in rollouts for s in r.prompts],
+            completions=[s for r in rollouts for s in r.completions],
+            answers=[s for r in rollouts for s in r.answers],
+            num_samples=first.num_samples,
+            pad_token_id=pad,
+        )
+
+    def _trimmed(self) -> Rollout:
+        """Drop all-padding prompt columns on the left and response columns on the right."""
+        if self.batch_size == 0:
+            return self
+        used_p = int(self.prompt_mask.sum(dim=1).max().item())
+        used_t = int(self.response_lengths.max().item())
+        self.prompt_ids = self.prompt_ids[:, self.prompt_length - used_p :]
+        self.prompt_mask = self.prompt_mask[:, self.prompt_length - used_p :]
+        self.response_ids = self.response_ids[:, :used_t]
+        self.response_mask = self.response_mask[:, :used_t]
+        return self
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) positions ``cumsum(mask) - 1`` clamped at 0 (left padding gets position 0)."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def _prompt_and_answer(problem: Any) -> tuple[str, str]:
+    if isinstance(problem, str):
+        return problem, ""
+    if not hasattr(problem, "prompt"):
+        raise ValueError(
+            f"problems must be strings or have a .prompt attribute, got {type(problem).__name__}"
+        )
+    return problem.prompt, str(getattr(problem, "answer", ""))
+
+
+def _left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = True
+    return ids, mask
+
+
+def _next_token(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator
+) -> torch.Tensor:
+    """(b, V) logits -> (b,) tokens; temperature 0 means greedy."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _sample_cache_loop(
+    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, eos_id, pad_id
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,)."""
+    rows = prompt_ids.shape[0]
+    device = prompt_ids.device
+    attention_mask = prompt_mask.long()  # (b, P), grows by one column per step
+    positions = position_ids_from_mask(attention_mask)  # (b, P)
+    extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        **extra,
+    )
+    past = out.past_key_values
+    logits = out.logits[:, -1, :]  # (b, V)
+    next_position = positions[:, -1:] + 1  # (b, 1)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
+    ones = torch.ones((rows, 1), dtype=attention_mask.dtype, device=device)
+    tokens: list[torch.Tensor] = []
+    for step in range(max_new_tokens):
+        token = _next_token(logits, temperature, generator)  # (b,)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
+        tokens.append(token)
+        stopped_now = (token == eos_id) & ~finished
+        lengths = torch.where(stopped_now, torch.full_like(lengths, step + 1), lengths)
+        finished = finished | stopped_now
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, ones], dim=1)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            past_key_values=past,
+            use_cache=True,
+        )
+        past = out.past_key_values
+        logits = out.logits[:, -1, :]
+        next_position = next_position + 1
+    return torch.stack(tokens, dim=1), lengths
+
+
+def _sample_generate(
+    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, eos_id, pad_id
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk with ``model.generate`` (seeded through the global RNG in a forked context)."""
+    device = prompt_ids.device
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if temperature > 0
+        else {"do_sample": False}
+    )
+    fork_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(seed)
+        sequences = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask.long(),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+            **sampling,
+        )
+    response = sequences[:, prompt_ids.shape[1] :]  # (b, T)
+    width = response.shape[1]
+    is_eos = response == eos_id
+    first_eos = torch.where(
+        is_eos.any(dim=1),
+        is_eos.float().argmax(dim=1),
+        torch.full_like(is_eos[:, 0], width, dtype=torch.long),
+    )
+    lengths = torch.clamp(first_eos + 1, max=width)
+    return response, lengths
+
+
+@torch.no_grad()
+def generate_rollouts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    problems: Sequence[Any],
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    batch_size: int | None = None,
+    seed: int | None = None,
+    sampler: str = "cache-loop",
+    add_special_tokens: bool = False,
+) -> Rollout:
+    """Sample ``num_samples`` completions for each problem.
+
+    Args:
+        model: any Hugging Face causal LM (put in eval mode while sampling, then restored).
+        tokenizer: its tokenizer; needs an eos token (pad falls back to eos).
+        problems: Q items, each a ``str`` prompt or an object with ``.prompt`` (and optionally
+            ``.answer``, copied into ``Rollout.answers``).
+        num_samples: G >= 1 samples per problem; rows of a group are contiguous.
+        max_new_tokens: generation budget per row (EOS included).
+        temperature: softmax temperature; 0 samples greedily.
+        batch_size: rows per forward chunk (None: all B = Q * G rows at once).
+        seed: seeds the sampling generator; None draws one from torch's global RNG.
+        sampler: "cache-loop" (hand-written KV-cache loop) or "generate" (``model.generate``).
+        add_special_tokens: passed to the tokenizer when encoding prompts (True adds e.g. a BOS).
+
+    Returns:
+        A ``Rollout`` of B = Q * G rows on the model's device.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {list(SAMPLERS)}, got {sampler!r}")
+    if len(problems) == 0:
+        raise ValueError("problems must not be empty")
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise ValueError("tokenizer must define an eos token")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+
+    prompts, answers = zip(*(_prompt_and_answer(p) for p in problems))
+    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    for text, ids in zip(prompts, encoded):
+        if not ids:
+            raise ValueError(f"prompt {text!r} encodes to no tokens")
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = _left_pad(encoded, pad_id)  # (Q, P)
+    prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
+    prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
+    rows = prompt_ids.shape[0]
+    group_ids = torch.arange(len(problems), device=device).repeat_interleave(num_samples)  # (B,)
+
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    sample = _sample_cache_loop if sampler == "cache-loop" else _sample_generate
+    chunk = batch_size or rows
+    was_training = model.training
+    model.eval()
+    try:
+        pieces = [
+            sample(
+                model,
+                prompt_ids[start : start + chunk],
+                prompt_mask[start : start + chunk],
+                max_new_tokens=max_new_tokens,
+                temperature=float(temperature),
+                generator=generator,
+                eos_id=eos_id,
+                pad_id=pad_id,
+            )
+            for start in range(0, rows, chunk)
+        ]
+    finally:
+        model.train(was_training)
+
+    width = max(ids.shape[1] for ids, _ in pieces)
+    response_ids = torch.cat(
+        [torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=pad_id) for ids, _ in pieces]
+    )  # (B, T)
+    lengths = torch.cat([lengths for _, lengths in pieces])  # (B,)
+    positions = torch.arange(width, device=device)
+    response_mask = positions[None, :] < lengths[:, None]  # (B, T)
+    # Everything after the EOS is padding, whatever the sampler wrote there.
+    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_id))
+    last = response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+    finished = (last == eos_id) & (lengths > 0)
+    kept = response_ids.masked_fill(~response_mask, pad_id).tolist()
+    completions = tokenizer.batch_decode(
+        [ids[:n] for ids, n in zip(kept, lengths.tolist())], skip_special_tokens=True
+    )
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        response_lengths=lengths,
+        finished=finished,
+        group_ids=group_ids,
+        prompts=[p for p in prompts for _ in range(num_samples)],
+        completions=completions,
+        answers=[a for a in answers for _ in range(num_samples)],
+        num_samples=num_samples,
+        pad_token_id=pad_id,
+    )
