@@ -6,20 +6,11 @@ numbers are measured on the same questions with the same random stream.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import torch
+EVAL_SEED_OFFSET = 10_007
 
 
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-@torch.no_grad()
 def evaluate_policy(
     model: Any,
     tokenizer: Any,
@@ -31,31 +22,25 @@ def evaluate_policy(
     batch_size: int | None = None,
     temperature: float = 1.0,
 ) -> dict[str, float]:
-    """Sample ``k`` answers (temperature 1.0) for each of ``n_questions`` held-out questions.
+    """Sample ``k`` answers for each of ``n_questions`` held-out questions of ``task``.
 
-    Returns ``{"average@k": mean correctness, "pass@k": share of questions with a correct
-    answer, "questions": n}`` (k written out, e.g. ``average@16``).
+    Returns ``{"average@k": ..., "pass@k": ..., "questions": n}`` (k written out, e.g.
+    ``average@16``), computed by :func:`gmts.eval.task_eval.evaluate_task`.
     """
-    from gmts.train.rollout import generate_rollouts
+    from gmts.eval.task_eval import evaluate_task
 
-    problems = task.held_out(n_questions)
-    roll = generate_rollouts(
+    result = evaluate_task(
         model,
         tokenizer,
-        problems,
-        num_samples=k,
-        max_new_tokens=task.max_new_tokens,
+        task,
+        task.held_out(n_questions),
+        n=k,
         temperature=temperature,
-        batch_size=batch_size,
-        seed=10_007 + seed,
+        batch_size=batch_size or 4096,
+        seed=EVAL_SEED_OFFSET + seed,
     )
-    correct = torch.tensor(
-        [task.reward(c, a) >= 1.0 for c, a in zip(roll.completions, roll.answers)],
-        dtype=torch.float64,
-    ).reshape(len(problems), k)  # (Q, k)
-    per_question = correct.sum(dim=1).long().tolist()
     return {
-        f"average@{k}": float(correct.mean()),
-        f"pass@{k}": sum(_pass_at_k(k, c, k) for c in per_question) / len(problems),
-        "questions": float(len(problems)),
+        f"average@{k}": float(result.average_at_n),
+        f"pass@{k}": float(result.pass_at_n),
+        "questions": float(n_questions),
     }

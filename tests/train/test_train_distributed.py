@@ -1,0 +1,109 @@
+"""Two CPU processes (gloo) select the same tokens and make the same update as one process."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
+_tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_tiny)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _make_batch(model_dir: Path, path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gmts.core.advantages import group_advantages
+    from gmts.data.tasks import get_task
+    from gmts.train.batch import TrainBatch
+    from gmts.train.rollout import generate_rollouts
+    from gmts.train.update import batched_statistics
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    problems = get_task("addition").sample(4, __import__("random").Random(1))
+    roll = generate_rollouts(model, tokenizer, problems, num_samples=4, max_new_tokens=9, seed=5)
+    rewards = torch.tensor(
+        [_tiny.partial_credit(c, a) for c, a in zip(roll.completions, roll.answers)]
+    )
+    batch = TrainBatch(
+        prompt_ids=roll.prompt_ids,
+        prompt_mask=roll.prompt_mask,
+        response_ids=roll.response_ids,
+        response_mask=roll.response_mask,
+        rewards=rewards,
+        advantages=group_advantages(rewards, 4).float(),
+        group_ids=roll.group_ids,
+    )
+    stats = batched_statistics(model, batch, micro_batch_size=16)
+    batch.old_logprobs, batch.old_entropy = stats.logprobs, stats.entropy
+    # a reference policy different from the current one, so the KL term has a gradient
+    batch.ref_logprobs = stats.logprobs + 0.1 * torch.randn(
+        stats.logprobs.shape, generator=torch.Generator().manual_seed(0)
+    )
+    torch.save(batch, path)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process(tmp_path):
+    model_dir = _tiny.save_tiny_model(tmp_path / "model")
+    _make_batch(model_dir, tmp_path / "batch.pt")
+    worker = str(HERE / "_dist_update_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    subprocess.run(
+        [sys.executable, worker, str(model_dir), str(tmp_path / "batch.pt"), str(tmp_path / "one")],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={_free_port()}",
+            worker,
+            str(model_dir),
+            str(tmp_path / "batch.pt"),
+            str(tmp_path / "two"),
+        ],
+        check=True,
+        env=env,
+        timeout=300,
+    )
+    one = torch.load(tmp_path / "one" / "rank0.pt", weights_only=False)
+    r0 = torch.load(tmp_path / "two" / "rank0.pt", weights_only=False)
+    r1 = torch.load(tmp_path / "two" / "rank1.pt", weights_only=False)
+    # the same tokens are selected: the ranks' masks concatenated are the one-process mask
+    assert torch.equal(torch.cat([r0["selected"], r1["selected"]]), one["selected"])
+    assert (
+        0
+        < int(one["selected"].sum())
+        < int(torch.load(tmp_path / "batch.pt", weights_only=False).response_mask.sum())
+    )
+    # the same update on every rank, equal to the one-process update
+    assert torch.equal(r0["params"], r1["params"])
+    assert torch.allclose(r0["params"], one["params"], atol=1e-6, rtol=0)
+    start = _tiny.params_vector(
+        __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir)
+    ).float()
+    assert not torch.equal(start, one["params"])
+    assert r0["metrics"]["select/fraction"] == pytest.approx(one["metrics"]["select/fraction"])
+    assert r0["metrics"]["update/loss"] == pytest.approx(one["metrics"]["update/loss"], abs=1e-6)
