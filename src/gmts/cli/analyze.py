@@ -1,0 +1,258 @@
+"""``gmts analyze``: per-token entropy / true gradient-norm analysis (the paper's Fig. 2-3).
+
+Samples G answers for K questions of a built-in task with a model (a Hugging Face model folder,
+the newest checkpoint of a training run, or by default the task's warm-start checkpoint),
+measures every response token (entropy, p, eps, G, omega, ETS / GMTS / logit-grad scores and the
+exact per-token gradient norms over all parameters) and writes into ``--out``:
+
+    report.json        the five report sections (see gmts.analysis.report)
+    tokens.jsonl       one line per answer with its per-token numbers
+    *.png              the figures (gmts.analysis.plots)
+    tokens.html        with --html: the token viewer (gmts.analysis.html)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", help="a local Hugging Face model folder (with its tokenizer)")
+    source.add_argument(
+        "--run",
+        help="a training run folder: its newest checkpoint's model is analysed "
+        "(or a checkpoint folder / model folder itself)",
+    )
+    parser.add_argument(
+        "--task",
+        default="addition",
+        help="built-in task to sample questions from (default: addition); without --model/--run "
+        "the task's warm-start checkpoint is used",
+    )
+    parser.add_argument("--questions", "-K", type=int, default=8, help="questions K (default 8)")
+    parser.add_argument(
+        "--samples", "-G", type=int, default=8, help="answers per question G (default 8)"
+    )
+    parser.add_argument("--out", default=None, help="output folder (default runs/analyze/<task>)")
+    parser.add_argument("--html", action="store_true", help="also write the HTML token viewer")
+    parser.add_argument(
+        "--ratio", type=float, default=0.2, help="rho of the top-rho selections (0.2)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for the questions and sampling")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ..."
+    )
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="model dtype (float32)")
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="tokens per batched backward pass (default: as many as fit in --chunk-mib)",
+    )
+    parser.add_argument(
+        "--chunk-mib",
+        type=int,
+        default=256,
+        help="memory budget of one chunk of per-token gradients",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
+    )
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    if args.questions < 1:
+        return f"--questions must be >= 1, got {args.questions}"
+    if args.samples < 2:
+        return f"--samples must be >= 2 (advantages need a group), got {args.samples}"
+    if not 0.0 < args.ratio <= 1.0:
+        return f"--ratio must be in (0, 1], got {args.ratio}"
+    if args.temperature <= 0:
+        return f"--temperature must be > 0, got {args.temperature}"
+    if args.chunk_size is not None and args.chunk_size < 1:
+        return f"--chunk-size must be >= 1, got {args.chunk_size}"
+    if args.chunk_mib < 1:
+        return f"--chunk-mib must be >= 1, got {args.chunk_mib}"
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        return f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"
+    return None
+
+
+def resolve_model_dir(args: argparse.Namespace) -> Path:
+    """The model folder to load: --model, the newest checkpoint of --run, or the warm start."""
+    if args.model:
+        path = Path(args.model)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"--model: {path} is not a Hugging Face model folder (no config.json)")
+        return path
+    if args.run:
+        run = Path(args.run)
+        for candidate in (run, run / "model"):
+            if (candidate / "config.json").is_file():
+                return candidate
+        from gmts.train.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(run)
+        if ckpt is None or not (ckpt / "model" / "config.json").is_file():
+            raise ValueError(f"--run: no checkpoint with a model under {run}/checkpoints")
+        return ckpt / "model"
+    from gmts.train.warmstart import warm_start
+
+    return Path(warm_start(args.task, seed=0, progress=sys.stderr.isatty()))
+
+
+def _device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device: {name} requested but CUDA is not available")
+    return device
+
+
+def _token_records(analysis: Any) -> list[dict[str, Any]]:
+    from gmts.analysis.report import SELECTION_NAMES  # noqa: F401  (same names as the scores)
+
+    a = analysis
+    records = []
+    for b in range(a.num_rows):
+        n = int(a.response_mask[b].sum())
+
+        def row(x, n=n, b=b):
+            return [round(float(v), 7) for v in x[b, :n]]
+
+        records.append(
+            {
+                "row": b,
+                "group": int(a.group_ids[b]),
+                "prompt": a.prompts[b],
+                "completion": a.completions[b],
+                "answer": a.answers[b],
+                "reward": float(a.rewards[b]),
+                "advantage": float(a.advantages[b]),
+                "tokens": a.token_text[b],
+                "entropy": row(a.entropy),
+                "prob": row(a.prob),
+                "eps": row(a.eps),
+                "logit_grad_norm": row(a.logit_grad_norm),
+                "omega": row(a.omega),
+                "grad_logprob_norm": row(a.grad_logprob_norm),
+                "grad_objective_norm": row(a.grad_objective_norm),
+                "scores": {name: row(s) for name, s in a.scores.items()},
+            }
+        )
+    return records
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _validate(args)
+    if error:
+        print(f"gmts analyze: {error}", file=sys.stderr)
+        return 2
+    import torch
+
+    from gmts.analysis.collect import sample_and_analyze
+    from gmts.analysis.report import build_report, selections
+    from gmts.data.tasks import get_task
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        task = get_task(args.task)
+        device = _device(args.device)
+        model_dir = resolve_model_dir(args)
+    except ValueError as exc:
+        print(f"gmts analyze: {exc}", file=sys.stderr)
+        return 2
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
+    model.to(device).eval()
+    analysis = sample_and_analyze(
+        model,
+        tokenizer,
+        task,
+        questions=args.questions,
+        samples=args.samples,
+        seed=args.seed,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        chunk_size=args.chunk_size,
+        max_chunk_bytes=args.chunk_mib * 2**20,
+    )
+    analysis.meta.update(model=str(model_dir), device=str(device), dtype=args.dtype)
+    report = build_report(analysis, ratio=args.ratio)
+    out = Path(args.out or Path("runs") / "analyze" / args.task)
+    out.mkdir(parents=True, exist_ok=True)
+    from gmts.analysis.plots import write_figures
+
+    figures = write_figures(analysis, report, out)
+    written = [out / "report.json", out / "tokens.jsonl", *figures]
+    with open(out / "tokens.jsonl", "w", encoding="utf-8") as fh:
+        for record in _token_records(analysis):
+            fh.write(json.dumps(record) + "\n")
+    if args.html:
+        from gmts.analysis.html import write_html
+
+        title = f"gmts analyze: {args.task}, {model_dir.name}"
+        written.append(
+            write_html(
+                analysis,
+                selections(analysis, args.ratio),
+                out / "tokens.html",
+                title=title,
+                ratio=args.ratio,
+            )
+        )
+    report["meta"]["timings"]["total_seconds"] = time.perf_counter() - started
+    report["meta"]["load_average"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(_summary_text(report))
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _summary_text(report: dict[str, Any]) -> str:
+    def f(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    meta, wa, pg, ov = (
+        report["meta"],
+        report["within_answer"],
+        report["per_group"],
+        report["overlap"],
+    )
+    jac = ov["batch"]["jaccard"]
+    lines = [
+        f"{meta['answers']} answers, {meta['tokens']} tokens, mean reward {f(meta['mean_reward'])}, "
+        f"{meta['timings'].get('total_seconds', 0):.1f} s",
+        f"within answer: median Pearson(log E, log ||grad log pi||) = {f(wa['pearson'].get('median'))}"
+        f", median slope = {f(wa['slope'].get('median'))} ({wa['pearson']['count']} answers)",
+        f"per group Spearman with ||grad l||: GMTS {f(pg['summary']['gmts'].get('mean'))}, "
+        f"entropy {f(pg['summary']['entropy'].get('mean'))}, logit-grad "
+        f"{f(pg['summary']['logit-grad'].get('mean'))} (mean over {pg['summary']['gmts']['count']} "
+        f"groups; {pg['skipped_groups']} skipped with zero advantage)",
+        f"pooled Spearman with ||grad l||: GMTS {f(pg['pooled']['gmts'])}, entropy "
+        f"{f(pg['pooled']['entropy'])}, logit-grad {f(pg['pooled']['logit-grad'])}",
+        f"eps < 0.1 for {f(report['eps']['fraction_below']['0.1'])} of tokens",
+        f"Jaccard top-{meta['ratio']:g}: ETS/GMTS {f(jac['entropy|gmts'])}, ETS/oracle "
+        f"{f(jac['entropy|oracle'])}, GMTS/oracle {f(jac['gmts|oracle'])}, logit-grad/oracle "
+        f"{f(jac['logit-grad|oracle'])}",
+    ]
+    return "\n".join(lines)
