@@ -68,10 +68,6 @@ def _check_chunk_size(chunk_size: int | None, vocab_size: int) -> int:
 
 
 def _check_labels(labels: torch.Tensor, vocab_size: int, name_of_v: str) -> None:
-    if not isinstance(labels, torch.Tensor):
-        raise ValueError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
-        raise ValueError(f"labels must be an integer tensor, got dtype {labels.dtype}")
     if labels.numel() > 0:
         lo, hi = int(labels.min()), int(labels.max())
         if lo < 0 or hi >= vocab_size:
@@ -200,9 +196,24 @@ class _HiddenStats(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None
 
 
+def _wrap(
+    lp: torch.Tensor, ent: torch.Tensor, g: torch.Tensor | None, shape: torch.Size
+) -> TokenStatistics:
+    """Reshape to ``shape``; entropy and G never carry gradients."""
+    return TokenStatistics(
+        lp.view(shape),
+        ent.detach().view(shape),
+        g.detach().view(shape) if g is not None else None,
+    )
+
+
 def _flatten(
     x: torch.Tensor, labels: torch.Tensor, name: str, last: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
+        raise ValueError(f"labels must be an integer tensor, got dtype {labels.dtype}")
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise ValueError(f"{name} must be a floating-point torch.Tensor")
     if x.dim() != labels.dim() + 1 or tuple(x.shape[:-1]) != tuple(labels.shape):
@@ -241,10 +252,7 @@ def token_statistics(
     _check_labels(flat_labels, flat_logits.shape[-1], "V")
     chunk = _check_chunk_size(chunk_size, flat_logits.shape[-1])
     lp, ent, g = _LogitsStats.apply(flat_logits, flat_labels, temperature, chunk, logit_grad_norm)
-    shape = labels.shape
-    return TokenStatistics(
-        lp.view(shape), ent.view(shape), g.view(shape) if g is not None else None
-    )
+    return _wrap(lp, ent, g, labels.shape)
 
 
 def token_statistics_from_hidden(
@@ -288,10 +296,7 @@ def token_statistics_from_hidden(
     lp, ent, g = _HiddenStats.apply(
         flat_hidden, lm_head_weight, flat_labels, temperature, chunk, logit_grad_norm
     )
-    shape = labels.shape
-    return TokenStatistics(
-        lp.view(shape), ent.view(shape), g.view(shape) if g is not None else None
-    )
+    return _wrap(lp, ent, g, labels.shape)
 
 
 def token_logprobs_and_entropy(

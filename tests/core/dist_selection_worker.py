@@ -1,0 +1,89 @@
+"""Worker for test_core_distributed.py: one rank of a 2-process gloo group.
+
+Usage: python dist_selection_worker.py RANK WORLD PORT OUT_DIR
+Runs every case of ``cases()`` on this rank's share of the rows and saves inputs and outputs
+to OUT_DIR/rank{RANK}.pt; the test compares them with the single-process selection of the
+concatenated batch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import gmts
+
+
+def global_batch(seed: int, b: int, t: int, kind: str):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "ties":
+        scores = torch.where(
+            torch.rand(b, t, generator=g) < 0.9, 0.0, torch.rand(b, t, generator=g)
+        )
+    else:
+        scores = torch.randn(b, t, generator=g)
+    lengths = torch.randint(0, t + 1, (b, 1), generator=g)
+    mask = torch.arange(t)[None, :] < lengths
+    group_ids = torch.arange(b) // 3 + 100  # groups of 3 rows that straddle the rank boundary
+    return scores, mask, group_ids
+
+
+def cases():
+    """(name, seed, B, T, kind, rows of rank 0, what to do to rank 1's mask)."""
+    return [
+        ("even", 0, 8, 11, "continuous", 4, None),
+        ("uneven-ties", 1, 9, 13, "ties", 2, None),
+        ("rank1-all-masked", 2, 6, 7, "ties", 3, "mask-rank1"),
+        ("rank0-no-rows", 3, 5, 9, "continuous", 0, None),
+        ("rank0-all-masked", 4, 7, 10, "continuous", 4, "mask-rank0"),
+    ]
+
+
+def share(rank: int, b: int, rows0: int) -> slice:
+    return slice(0, rows0) if rank == 0 else slice(rows0, b)
+
+
+def main() -> None:
+    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    pg = dist.group.WORLD
+    results = {}
+    for name, seed, b, t, kind, rows0, edit in cases():
+        scores, mask, group_ids = global_batch(seed, b, t, kind)
+        if edit == "mask-rank1":
+            mask[rows0:] = False
+        if edit == "mask-rank0":
+            mask[:rows0] = False
+        rows = share(rank, b, rows0)
+        s, m, gid = scores[rows], mask[rows], group_ids[rows]
+        for scope in ("batch", "group", "sequence"):
+            for largest in (True, False):
+                for ratio in (0.2, 0.5, 1.0):
+                    sel = gmts.select_tokens(
+                        s, m, ratio, largest=largest, scope=scope, group_ids=gid, process_group=pg
+                    )
+                    thr = gmts.selection_threshold(s, sel, largest=largest, process_group=pg)
+                    results[(name, scope, largest, ratio)] = (sel, thr)
+        den = gmts.loss_denominator(m, None, "token-mean", "all", process_group=pg)
+        results[(name, "denominator")] = den
+    # bad input on one rank: every rank raises, nobody hangs
+    scores = torch.randn(2, 3)
+    if rank == 1:
+        scores[0, 0] = float("nan")
+    try:
+        gmts.select_tokens(scores, torch.ones(2, 3, dtype=torch.bool), 0.5, process_group=pg)
+        results["bad-input"] = "no error"
+    except ValueError as err:
+        results["bad-input"] = str(err)
+    torch.save(results, f"{out}/rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

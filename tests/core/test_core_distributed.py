@@ -1,0 +1,94 @@
+"""Global selection over a 2-process gloo group equals the single-process selection."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gmts
+
+WORKER = Path(__file__).with_name("dist_selection_worker.py")
+
+
+def _load_worker_module():
+    spec = importlib.util.spec_from_file_location("gmts_dist_selection_worker", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    port = str(_free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), "2", port, str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        for rank in range(2)
+    ]
+    logs = []
+    try:
+        for proc in procs:
+            stdout, _ = proc.communicate(timeout=240)
+            logs.append(stdout.decode(errors="replace"))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_global_selection_equals_single_process(two_rank_results):
+    worker = _load_worker_module()
+    r0, r1 = two_rank_results
+    checked = 0
+    for name, seed, b, t, kind, rows0, edit in worker.cases():
+        scores, mask, group_ids = worker.global_batch(seed, b, t, kind)
+        if edit == "mask-rank1":
+            mask[rows0:] = False
+        if edit == "mask-rank0":
+            mask[:rows0] = False
+        for scope in ("batch", "group", "sequence"):
+            for largest in (True, False):
+                for ratio in (0.2, 0.5, 1.0):
+                    key = (name, scope, largest, ratio)
+                    sel = torch.cat([r0[key][0], r1[key][0]])
+                    expected = gmts.select_tokens(
+                        scores, mask, ratio, largest=largest, scope=scope, group_ids=group_ids
+                    )
+                    assert torch.equal(sel, expected), key
+                    thr = gmts.selection_threshold(scores, expected, largest=largest)
+                    if scope != "sequence":
+                        for r in (r0, r1):
+                            got = r[key][1]
+                            assert (math.isnan(got) and math.isnan(thr)) or got == thr, key
+                    checked += 1
+        n_valid = float(mask.sum())
+        assert r0[(name, "denominator")] == r1[(name, "denominator")] == max(n_valid, 1.0)
+    assert checked == 5 * 3 * 2 * 3
+
+
+def test_bad_input_on_one_rank_raises_on_every_rank(two_rank_results):
+    r0, r1 = two_rank_results
+    assert "another rank" in r0["bad-input"]
+    assert "finite" in r1["bad-input"]

@@ -1,0 +1,248 @@
+"""Chunked and from-hidden token statistics against the naive full-logits computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import gmts
+
+
+def naive_statistics(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0):
+    """The obviously-correct version: full (N, V) float32 log-softmax."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (..., V)
+    lp = logp.gather(-1, labels[..., None]).squeeze(-1)
+    p = logp.exp()
+    entropy = -(p * logp).sum(-1)
+    onehot = torch.nn.functional.one_hot(labels, logits.shape[-1]).float()
+    g = (onehot - p).norm(dim=-1)  # ||d log p_label / d (z / T)||
+    return lp, entropy.detach(), g.detach()
+
+
+def _data(dtype, b=3, t=5, v=37, h=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(b, t, h, generator=g).to(dtype)
+    weight = (torch.randn(v, h, generator=g) / h**0.5 * 3).to(dtype)
+    labels = torch.randint(0, v, (b, t), generator=g)
+    upstream = torch.randn(b, t, generator=g)  # arbitrary weights on the log-probs
+    return hidden, weight, labels, upstream
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_size", [1, 4, None])
+def test_chunked_logits_path_matches_naive(dtype, temperature, chunk_size):
+    hidden, weight, labels, upstream = _data(dtype)
+    logits = (hidden @ weight.T).detach().requires_grad_(True)  # (B, T, V) in dtype
+    stats = gmts.token_statistics(
+        logits, labels, temperature=temperature, chunk_size=chunk_size, logit_grad_norm=True
+    )
+    (grad,) = torch.autograd.grad((stats.logprobs * upstream).sum(), logits)
+
+    ref_logits = logits.detach().clone().requires_grad_(True)
+    lp, ent, g = naive_statistics(ref_logits, labels, temperature)
+    (ref_grad,) = torch.autograd.grad((lp * upstream).sum(), ref_logits)
+
+    for got in (stats.logprobs, stats.entropy, stats.logit_grad_norm):
+        assert got.dtype == torch.float32 and got.shape == labels.shape
+    # values are computed in float32 from the same inputs: tight even for bf16 input
+    torch.testing.assert_close(stats.logprobs, lp.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats.entropy, ent, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats.logit_grad_norm, g, rtol=1e-5, atol=1e-5)
+    assert grad.dtype == dtype
+    torch.testing.assert_close(grad.float(), ref_grad.float(), **TOL[dtype])
+    assert not stats.entropy.requires_grad and not stats.logit_grad_norm.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 1.3])
+@pytest.mark.parametrize("chunk_size", [2, None])
+def test_from_hidden_matches_naive(dtype, temperature, chunk_size):
+    hidden, weight, labels, upstream = _data(dtype)
+    h1 = hidden.clone().requires_grad_(True)
+    w1 = weight.clone().requires_grad_(True)
+    stats = gmts.token_statistics_from_hidden(
+        h1, w1, labels, temperature=temperature, chunk_size=chunk_size, logit_grad_norm=True
+    )
+    gh, gw = torch.autograd.grad((stats.logprobs * upstream).sum(), (h1, w1))
+
+    h2 = hidden.clone().requires_grad_(True)
+    w2 = weight.clone().requires_grad_(True)
+    lp, ent, g = naive_statistics(h2 @ w2.T, labels, temperature)
+    rh, rw = torch.autograd.grad((lp * upstream).sum(), (h2, w2))
+
+    torch.testing.assert_close(stats.logprobs, lp.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats.entropy, ent, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats.logit_grad_norm, g, rtol=1e-5, atol=1e-5)
+    assert gh.dtype == dtype and gw.dtype == dtype
+    torch.testing.assert_close(gh.float(), rh.float(), **TOL[dtype])
+    torch.testing.assert_close(gw.float(), rw.float(), **TOL[dtype])
+
+
+def test_wrappers_and_gradient_to_weight_only():
+    hidden, weight, labels, _ = _data(torch.float32)
+    w = weight.clone().requires_grad_(True)
+    lp, ent = gmts.token_logprobs_and_entropy_from_hidden(hidden, w, labels, chunk_size=3)
+    (gw,) = torch.autograd.grad(lp.sum(), w)
+    lp2, ent2 = gmts.token_logprobs_and_entropy(hidden @ weight.T, labels)
+    torch.testing.assert_close(lp.detach(), lp2)
+    torch.testing.assert_close(ent, ent2)
+    assert gw.shape == weight.shape
+
+
+def test_logit_grad_norm_edge_cases():
+    """G = sqrt(1 - 2 p_t + sum p^2): 0 for a certain token, sqrt((V-1)/V) for uniform."""
+    v = 10
+    logits = torch.zeros(1, 2, v)
+    logits[0, 0, 3] = 1e4  # p = one-hot on token 3
+    labels = torch.tensor([[3, 4]])
+    stats = gmts.token_statistics(logits, labels, logit_grad_norm=True)
+    assert stats.logit_grad_norm[0, 0].item() == pytest.approx(0.0, abs=1e-6)
+    assert stats.entropy[0, 0].item() == pytest.approx(0.0, abs=1e-6)
+    uniform = gmts.token_statistics(torch.zeros(1, 1, v), labels[:, :1], logit_grad_norm=True)
+    assert uniform.logit_grad_norm.item() == pytest.approx(((v - 1) / v) ** 0.5, rel=1e-6)
+    assert uniform.entropy.item() == pytest.approx(torch.log(torch.tensor(float(v))).item())
+
+
+def test_bad_inputs():
+    hidden, weight, labels, _ = _data(torch.float32)
+    logits = hidden @ weight.T
+    with pytest.raises(ValueError, match="labels"):
+        gmts.token_statistics(logits, labels + 100)
+    with pytest.raises(ValueError, match="labels"):
+        gmts.token_statistics(logits, labels.float())
+    with pytest.raises(ValueError, match="logits"):
+        gmts.token_statistics(logits[:, :-1], labels)
+    bad = logits.clone()
+    bad[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        gmts.token_statistics(bad, labels)
+    bad[0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        gmts.token_statistics(bad, labels, chunk_size=2)
+    with pytest.raises(ValueError, match="temperature"):
+        gmts.token_statistics(logits, labels, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        gmts.token_statistics(logits, labels, chunk_size=0)
+    with pytest.raises(ValueError, match="lm_head_weight"):
+        gmts.token_statistics_from_hidden(hidden, weight[:, :-1], labels)
+    with pytest.raises(ValueError, match="dtype"):
+        gmts.token_statistics_from_hidden(hidden, weight.double(), labels)
+    with pytest.raises(ValueError, match="hidden"):
+        gmts.token_statistics_from_hidden(hidden[:, :-1], weight, labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory: count the bytes of the tensors that are alive at once
+
+
+class PeakTensorMemory(TorchDispatchMode):
+    """Tracks the bytes of tensor storages allocated inside the mode and alive at once.
+
+    Storages that exist before entering (inputs, parameters) count zero. Freed storages are
+    detected with weak references after each op. This is an exact count of tensor memory on
+    any device, including the backward pass (autograd runs CPU backward on this thread).
+    """
+
+    def __init__(self, *existing: torch.Tensor) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        for t in existing:
+            ref = StorageWeakRef(t.untyped_storage())
+            self.live[ref.cdata] = (ref, 0)
+        self.current = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key, (ref, nbytes) in list(self.live.items()):
+            if nbytes and ref.expired():
+                del self.live[key]
+                self.current -= nbytes
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                ref = StorageWeakRef(storage)
+                if ref.cdata not in self.live:
+                    self.live[ref.cdata] = (ref, storage.nbytes())
+                    self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+def _saved_bytes(fn) -> int:
+    """Bytes of the tensors autograd saves for backward during ``fn`` (unique storages)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_paths_use_less_memory(dtype):
+    torch.manual_seed(0)
+    n, v, h, chunk = 256, 1000, 16, 16
+    hidden = torch.randn(1, n, h).to(dtype)
+    weight = (torch.randn(v, h) / 4).to(dtype)
+    labels = torch.randint(0, v, (1, n))
+    logits = (hidden @ weight.T).detach()
+    full_fp32 = n * v * 4
+
+    def run_naive(x):
+        lp, ent, _ = naive_statistics(x, labels)
+        lp.sum().backward()
+
+    def run_chunked(x):
+        gmts.token_statistics(x, labels, chunk_size=chunk).logprobs.sum().backward()
+
+    def run_from_hidden(hd, w):
+        gmts.token_statistics_from_hidden(hd, w, labels, chunk_size=chunk).logprobs.sum().backward()
+
+    peaks, saved = {}, {}
+    x = logits.clone().requires_grad_(True)
+    with PeakTensorMemory(x) as m:
+        run_naive(x)
+    peaks["naive"] = m.peak
+    saved["naive"] = _saved_bytes(
+        lambda: naive_statistics(logits.clone().requires_grad_(True), labels)
+    )
+
+    x = logits.clone().requires_grad_(True)
+    with PeakTensorMemory(x) as m:
+        run_chunked(x)
+    peaks["chunked"] = m.peak
+    x = logits.clone().requires_grad_(True)
+    saved["chunked"] = _saved_bytes(lambda: gmts.token_statistics(x, labels, chunk_size=chunk))
+
+    hd, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    with PeakTensorMemory(hd, w) as m:
+        run_from_hidden(hd, w)
+    peaks["from_hidden"] = m.peak
+    saved["from_hidden"] = _saved_bytes(
+        lambda: gmts.token_statistics_from_hidden(hd, w, labels, chunk_size=chunk)
+    )
+    grad_bytes = n * v * logits.element_size()  # the logits gradient the chunked path returns
+    block = chunk * v * 4
+    # naive keeps (N, V) float32 tensors alive; the chunked path only the input's gradient plus
+    # a few (chunk, V) blocks; from hidden, neither (N, V) logits nor their gradient exist.
+    assert peaks["naive"] >= 2 * full_fp32
+    assert peaks["chunked"] <= grad_bytes + 8 * block + 64 * n
+    assert peaks["from_hidden"] <= 8 * block + 2 * v * h * 4 + 64 * n
+    assert peaks["from_hidden"] < peaks["naive"] / 4
+    # saved for backward: naive saves (N, V) log-softmax output; we save O(N) besides inputs
+    assert saved["naive"] >= full_fp32
+    inputs = logits.numel() * logits.element_size()
+    assert saved["chunked"] <= inputs + 64 * n
+    assert saved["from_hidden"] <= hidden.numel() * hidden.element_size() + v * h * 2 * 4 + 64 * n
