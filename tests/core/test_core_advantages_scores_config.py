@@ -1,0 +1,269 @@
+"""Advantages, the score registry, SelectionConfig and select_for_update."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import gmts
+
+# --------------------------------------------------------------------------------------------
+# advantages
+
+
+def test_group_advantages_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    adv = gmts.group_advantages(rewards, 3)
+    std0 = torch.tensor([1.0, 0.0, 0.0]).std().item()  # unbiased, 0.5774
+    expected0 = [(1 - 1 / 3) / (std0 + 1e-6), (-1 / 3) / (std0 + 1e-6), (-1 / 3) / (std0 + 1e-6)]
+    assert adv[:3].tolist() == pytest.approx(expected0, rel=1e-6)
+    assert adv[3:].tolist() == [0.0, 0.0, 0.0]  # equal rewards: zero advantage
+    dr = gmts.group_advantages(rewards, 3, std_normalize=False)
+    assert dr.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
+    assert gmts.group_advantages(rewards, 1).tolist() == [0.0] * 6
+    ints = gmts.group_advantages(torch.tensor([1, 0]), 2)
+    assert ints.dtype == torch.float32
+
+
+def test_dynamic_sampling_keep():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5])
+    assert gmts.dynamic_sampling_keep(rewards, 2).tolist() == [False, True, False, False]
+    assert gmts.dynamic_sampling_keep(rewards, 4).tolist() == [True, True]
+
+
+def test_advantage_errors():
+    with pytest.raises(ValueError, match="group_size"):
+        gmts.group_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="group_size"):
+        gmts.dynamic_sampling_keep(torch.zeros(6), 0)
+    with pytest.raises(ValueError, match="rewards"):
+        gmts.group_advantages(torch.zeros(2, 3), 3)
+    with pytest.raises(ValueError, match="finite"):
+        gmts.group_advantages(torch.tensor([1.0, float("nan")]), 2)
+
+
+# --------------------------------------------------------------------------------------------
+# scores
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    entropy = torch.rand(3, 4, generator=g, requires_grad=True)
+    omega = torch.randn(3, 4, generator=g)
+    glogit = torch.rand(3, 4, generator=g)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    return gmts.ScoreInputs(entropy=entropy, omega=omega, logit_grad_norm=glogit, mask=mask)
+
+
+def test_builtin_scores():
+    inp = _inputs()
+    assert set(gmts.available_scores()) >= {"entropy", "gmts", "random", "omega", "logit-grad"}
+    e, w, g = inp.entropy.detach(), inp.omega, inp.logit_grad_norm
+    torch.testing.assert_close(gmts.compute_scores("entropy", inp), e)
+    torch.testing.assert_close(gmts.compute_scores("gmts", inp), (e * w).abs())
+    torch.testing.assert_close(gmts.compute_scores("omega", inp), w.abs())
+    torch.testing.assert_close(gmts.compute_scores("logit-grad", inp), (w * g).abs())
+    for name in gmts.available_scores():
+        scores = gmts.compute_scores(name, inp)
+        assert scores.shape == (3, 4) and not scores.requires_grad
+
+
+def test_random_score_is_seeded_and_leaves_the_global_rng_alone():
+    inp = _inputs()
+    state = torch.random.get_rng_state()
+    a = gmts.compute_scores("random", gmts.ScoreInputs(mask=inp.mask, seed=5))
+    b = gmts.compute_scores("random", gmts.ScoreInputs(mask=inp.mask, seed=5))
+    c = gmts.compute_scores("random", gmts.ScoreInputs(mask=inp.mask, seed=6))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_registry_errors_and_requirements():
+    with pytest.raises(ValueError, match="valid scores"):
+        gmts.get_score("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        gmts.register_score("gmts")(lambda inputs: inputs.entropy)
+    with pytest.raises(ValueError, match="needs"):
+        gmts.compute_scores("gmts", gmts.ScoreInputs(entropy=torch.ones(2, 2)))
+    with pytest.raises(ValueError, match="shape"):
+        gmts.compute_scores(
+            "gmts", gmts.ScoreInputs(entropy=torch.ones(2, 2), omega=torch.ones(2, 3))
+        )
+    assert gmts.SCORE_REQUIREMENTS["gmts"] == {"entropy", "omega"}
+    assert gmts.SCORE_REQUIREMENTS["entropy"] == {"entropy"}
+
+
+def test_register_a_custom_score():
+    name = "test-negative-entropy"
+
+    @gmts.register_score(name, requires={"entropy"})
+    def negative_entropy(inputs):
+        return -inputs.entropy
+
+    try:
+        out = gmts.compute_scores(name, gmts.ScoreInputs(entropy=torch.ones(1, 2)))
+        assert out.tolist() == [[-1.0, -1.0]]
+        assert name in gmts.available_scores()
+    finally:  # keep the registry clean for other tests
+        from gmts.core import scores
+
+        scores._REGISTRY.pop(name)
+        scores.SCORE_REQUIREMENTS.pop(name)
+
+
+# --------------------------------------------------------------------------------------------
+# SelectionConfig
+
+
+def test_selection_config_defaults_presets_and_help():
+    cfg = gmts.SelectionConfig()
+    assert (cfg.score, cfg.ratio, cfg.scope, cfg.normalize, cfg.kl_tokens) == (
+        "gmts",
+        0.2,
+        "batch",
+        "selected",
+        "selected",
+    )
+    assert gmts.SelectionConfig.preset("paper") == cfg
+    ref = gmts.SelectionConfig.preset("reference-code")
+    assert (ref.scope, ref.normalize, ref.kl_tokens) == ("group", "all", "all")
+    trl = gmts.SelectionConfig.preset("trl", score="entropy", ratio=0.5)
+    assert (trl.scope, trl.normalize, trl.kl_tokens, trl.score, trl.ratio) == (
+        "batch",
+        "all",
+        "all",
+        "entropy",
+        0.5,
+    )
+    assert not gmts.SelectionConfig(score="none").enabled
+    for f in gmts.SelectionConfig.__dataclass_fields__.values():
+        assert f.metadata.get("help"), f.name
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"score": "entropyy"}, "valid scores"),
+        ({"ratio": 0.0}, "ratio"),
+        ({"ratio": 1.01}, "ratio"),
+        ({"ratio": float("nan")}, "ratio"),
+        ({"scope": "token"}, "scope"),
+        ({"normalize": "none"}, "normalize"),
+        ({"kl_tokens": "some"}, "kl_tokens"),
+        ({"largest": "yes"}, "largest"),
+        ({"seed": 1.5}, "seed"),
+    ],
+)
+def test_selection_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gmts.SelectionConfig(**kwargs)
+
+
+def test_selection_preset_errors():
+    with pytest.raises(ValueError, match="valid presets"):
+        gmts.SelectionConfig.preset("verl")
+    with pytest.raises(ValueError, match="unknown SelectionConfig fields"):
+        gmts.SelectionConfig.preset("paper", rho=0.3)
+
+
+# --------------------------------------------------------------------------------------------
+# select_for_update
+
+
+def _step_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b, t = 6, 8
+    old = -torch.rand(b, t, generator=g) * 3
+    lp = old + 0.3 * torch.randn(b, t, generator=g)
+    ref = old + 0.3 * torch.randn(b, t, generator=g)
+    adv = torch.randn(b, generator=g)
+    entropy = torch.rand(b, t, generator=g)
+    mask = torch.arange(t)[None, :] < torch.randint(1, t + 1, (b, 1), generator=g)
+    return dict(
+        logprobs=lp.requires_grad_(True),
+        old_logprobs=old,
+        advantages=adv,
+        response_mask=mask,
+        entropy=entropy,
+        ref_logprobs=ref,
+        group_ids=torch.arange(b) // 3,
+    )
+
+
+def test_select_for_update_gmts_uses_the_objective_omega():
+    batch = _step_batch()
+    objective = gmts.ObjectiveConfig(kl_coef=0.1, dual_clip=2.0, kl_ratio_correction=True)
+    cfg = gmts.SelectionConfig(ratio=0.3)
+    result = gmts.select_for_update(cfg, objective, **batch)
+    omega = gmts.gradient_coefficient(
+        batch["logprobs"].detach(),
+        batch["old_logprobs"],
+        batch["advantages"],
+        ref_logprobs=batch["ref_logprobs"],
+        **objective.omega_kwargs(),
+    )
+    torch.testing.assert_close(result.scores, (batch["entropy"] * omega).abs())
+    expected = gmts.select_tokens(result.scores, batch["response_mask"], 0.3)
+    assert torch.equal(result.selected, expected)
+    assert result.threshold == pytest.approx(result.scores[expected].min().item())
+    assert not result.scores.requires_grad
+
+
+def test_select_for_update_variants():
+    batch = _step_batch(1)
+    objective = gmts.ObjectiveConfig.preset("dapo")
+    none = gmts.select_for_update(gmts.SelectionConfig(score="none"), objective, **batch)
+    assert none == gmts.SelectionResult(selected=None, scores=None, threshold=None)
+    ets = gmts.select_for_update(
+        gmts.SelectionConfig(score="entropy", scope="group", largest=False), objective, **batch
+    )
+    expected = gmts.select_tokens(
+        batch["entropy"],
+        batch["response_mask"],
+        0.2,
+        scope="group",
+        group_ids=batch["group_ids"],
+        largest=False,
+    )
+    assert torch.equal(ets.selected, expected)
+    r1 = gmts.select_for_update(gmts.SelectionConfig(score="random"), objective, step=3, **batch)
+    r2 = gmts.select_for_update(gmts.SelectionConfig(score="random"), objective, step=3, **batch)
+    r3 = gmts.select_for_update(gmts.SelectionConfig(score="random"), objective, step=4, **batch)
+    assert torch.equal(r1.selected, r2.selected) and not torch.equal(r1.scores, r3.scores)
+    with pytest.raises(ValueError, match="needs"):
+        gmts.select_for_update(gmts.SelectionConfig(score="logit-grad"), objective, **batch)
+    no_groups = {**batch, "group_ids": None}
+    with pytest.raises(ValueError, match="group_ids"):
+        gmts.select_for_update(gmts.SelectionConfig(scope="group"), objective, **no_groups)
+
+
+def test_selection_then_loss_end_to_end():
+    """Eq. 2 by hand from the step's selection: mean of -l over the selected tokens."""
+    batch = _step_batch(2)
+    objective = gmts.ObjectiveConfig.preset("dapo")
+    result = gmts.select_for_update(gmts.SelectionConfig(), objective, **batch)
+    loss, metrics = gmts.policy_loss(
+        batch["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["response_mask"],
+        selected=result.selected,
+        scores=result.scores,
+        entropy=batch["entropy"],
+        **objective.loss_kwargs(),
+    )
+    loss.backward()
+    omega = gmts.gradient_coefficient(
+        batch["logprobs"].detach(),
+        batch["old_logprobs"],
+        batch["advantages"],
+        **objective.omega_kwargs(),
+    )
+    n_sel = int(result.selected.sum())
+    expected = torch.where(result.selected, -omega / n_sel, 0.0)
+    torch.testing.assert_close(batch["logprobs"].grad, expected)
+    assert metrics["score_threshold"] == pytest.approx(result.threshold)
+    n_valid = int(batch["response_mask"].sum())
+    assert metrics["selected_fraction"] == pytest.approx(math.ceil(0.2 * n_valid) / n_valid)
