@@ -193,3 +193,31 @@ def test_plot_several_runs(tmp_path, capsys):
     )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["plot", str(tmp_path / "missing"), "--out", str(out)]) == 2
+
+
+def test_dataset_training_with_template_and_position(tiny_dir, tmp_path):
+    """A dataset file as training data: prompts rendered by a template, too-long prompts
+    dropped, the data position saved in checkpoints."""
+    rows = [{"q": f"{a}+{b}=", "a": f"{a + b}"} for a in range(10, 30) for b in (3, 4)]
+    rows.append({"q": "9" * 200, "a": "0"})  # longer than max_prompt_length: dropped
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = _tiny.small_config(
+        tiny_dir,
+        tmp_path / "run",
+        f"data.dataset={data}",
+        "algorithm=grpo",  # no dynamic sampling: exactly 4 questions per step
+        "data.question_field=q",
+        "data.answer_field=a",
+        "data.template=null",
+        "rollout.max_prompt_length=32",
+        "rollout.max_response_length=6",
+        "checkpoint.save_final=true",
+    )
+    trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
+    assert trainer.source.skipped_too_long == 1 and len(trainer.source.problems) == 40
+    trainer.run()
+    state = ckpt.load_trainer_state(ckpt.latest_checkpoint(tmp_path / "run"))
+    assert state["source"] == {"epoch": 0, "position": 8}  # 2 steps x 4 questions
+    with pytest.raises(ValueError, match="neither a file nor a benchmark"):
+        Trainer(_tiny.small_config(tiny_dir, tmp_path / "r2", "data.dataset=/no/such.jsonl"))

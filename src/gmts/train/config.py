@@ -74,13 +74,18 @@ class DataConfig:
     )
     dataset: str | None = _f(
         None,
-        "A .jsonl / .jsonl.gz / .parquet file of training questions (overrides data.task).",
+        "Training questions (overrides data.task): a benchmark of gmts.data.datasets (e.g. "
+        "math12k, read from $GMTS_DATA_DIR or ../shared/data) or a .jsonl/.jsonl.gz/.json/"
+        ".parquet file.",
     )
-    question_field: str = _f("problem", "Dataset field holding the question text.")
-    answer_field: str = _f("answer", "Dataset field holding the reference answer.")
-    reward: str = _f("math", "Reward function from gmts.rewards used with data.dataset.")
+    split: str | None = _f(None, "Benchmark split for data.dataset (null: its default).")
+    question_field: str = _f("problem", "Question field of a dataset file (not benchmarks).")
+    answer_field: str = _f("answer", "Answer field of a dataset file (not benchmarks).")
+    reward: str = _f(
+        "math", "Reward from gmts.rewards for data.dataset: math, choice, yes_no, code, format."
+    )
     template: str | None = _f(
-        "qwen-math",
+        "math",
         "Prompt template name for gmts.data.prompts.format_prompt (dataset training only; "
         "null: raw question text).",
     )
@@ -91,7 +96,27 @@ class DataConfig:
     eval_before: bool = _f(True, "Evaluate the starting policy before the first step.")
 
     def __post_init__(self) -> None:
-        _check(bool(self.task), "data.task", "must not be empty")
+        from gmts.data.prompts import available_templates
+        from gmts.rewards.registry import available_rewards
+
+        if self.dataset is None:
+            from gmts.data.tasks import available_tasks
+
+            _check(
+                self.task in available_tasks(),
+                "data.task",
+                f"unknown task {self.task!r}; available: {available_tasks()}",
+            )
+        _check(
+            self.template is None or self.template in available_templates(),
+            "data.template",
+            f"unknown template {self.template!r}; available: {available_templates()}",
+        )
+        _check(
+            self.reward in available_rewards(),
+            "data.reward",
+            f"unknown reward {self.reward!r}; available: {available_rewards()}",
+        )
         _check(self.eval_questions >= 0, "data.eval_questions", "must be >= 0")
         _check(self.eval_samples >= 1, "data.eval_samples", "must be >= 1")
         _check(self.eval_every >= 0, "data.eval_every", "must be >= 0")

@@ -8,8 +8,6 @@ questions; the trainer gives each rank its slice.
 
 from __future__ import annotations
 
-import gzip
-import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -37,24 +35,29 @@ class TaskSource:
         self.rng.setstate(state["rng"])
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a .jsonl, .jsonl.gz, .json (a list) or .parquet file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"data.dataset: file not found: {path}")
-    name = path.name
-    if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
+def load_examples(
+    dataset: str, *, split: str | None, question_field: str, answer_field: str
+) -> list[tuple[str, str]]:
+    """(question, answer) pairs of a registered benchmark (``gmts.data.datasets``, e.g.
+    ``math12k``) or of a local .jsonl / .jsonl.gz / .json / .parquet file."""
+    from gmts.data import datasets as ds
 
-        return pq.read_table(path).to_pylist()
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        if name.endswith(".json") or name.endswith(".json.gz"):
-            data = json.load(fh)
-            if not isinstance(data, list):
-                raise ValueError(f"data.dataset: {path} must hold a JSON list of rows")
-            return data
-        return [json.loads(line) for line in fh if line.strip()]
+    if dataset in ds.available_benchmarks():
+        try:
+            examples = ds.load_benchmark(dataset, split=split)
+        except FileNotFoundError as exc:
+            raise ValueError(f"data.dataset: {exc}") from None
+    else:
+        if not Path(dataset).is_file():
+            raise ValueError(
+                f"data.dataset: {dataset!r} is neither a file nor a benchmark "
+                f"({ds.available_benchmarks()})"
+            )
+        try:
+            examples = ds.load_jsonl_dataset(dataset, question_field, answer_field)
+        except ValueError as exc:
+            raise ValueError(f"data.dataset: {exc}") from None
+    return [(ex.question, ex.answer) for ex in examples]
 
 
 class DatasetSource:
@@ -66,34 +69,25 @@ class DatasetSource:
 
     def __init__(
         self,
-        path: str | Path,
+        examples: list[tuple[str, str]],
         *,
-        question_field: str,
-        answer_field: str,
         tokenizer: Any,
         template: str | None,
         max_prompt_tokens: int,
         shuffle: bool,
         seed: int,
     ) -> None:
-        rows = read_rows(path)
-        if not rows:
-            raise ValueError(f"data.dataset: {path} has no rows")
-        for key in (question_field, answer_field):
-            if key not in rows[0]:
-                raise ValueError(
-                    f"data.dataset: field {key!r} not in {path}; fields: {sorted(rows[0])}"
-                )
+        if not examples:
+            raise ValueError("data.dataset: no examples")
         problems = []
-        for row in rows:
-            question = str(row[question_field])
+        for question, answer in examples:
             if template is not None:
                 from gmts.data.prompts import format_prompt
 
                 prompt = format_prompt(tokenizer, question, template=template)
             else:
                 prompt = question
-            problems.append(Problem(prompt=prompt, answer=str(row[answer_field])))
+            problems.append(Problem(prompt=prompt, answer=answer))
         lengths = [len(ids) for ids in tokenizer([p.prompt for p in problems])["input_ids"]]
         self.problems = [p for p, n in zip(problems, lengths) if n <= max_prompt_tokens]
         self.skipped_too_long = len(problems) - len(self.problems)
@@ -136,20 +130,9 @@ class DatasetSource:
 
 def dataset_reward(name: str) -> RewardFn:
     """The reward function ``name`` from gmts.rewards (``reward(completion, answer) -> float``)."""
+    from gmts.rewards import get_reward
+
     try:
-        import gmts.rewards as rewards
-    except ImportError as exc:  # pragma: no cover
-        raise ValueError(f"data.reward: gmts.rewards is unavailable ({exc})") from exc
-    getter = getattr(rewards, "get_reward", None)
-    if getter is not None:
-        return getter(name)
-    if name == "math":
-        from gmts.rewards.boxed import extract_boxed
-        from gmts.rewards.math_answer import answers_match
-
-        def math_reward(completion: str, answer: str) -> float:
-            predicted = extract_boxed(completion)
-            return 1.0 if predicted is not None and answers_match(predicted, answer) else 0.0
-
-        return math_reward
-    raise ValueError(f"data.reward: unknown reward {name!r}; available here: ['math']")
+        return get_reward(name)
+    except ValueError as exc:
+        raise ValueError(f"data.reward: {exc}") from None

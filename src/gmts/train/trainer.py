@@ -44,7 +44,13 @@ from gmts.train.distributed import (
     resolve_device,
 )
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
-from gmts.train.sources import DatasetSource, RewardFn, TaskSource, dataset_reward
+from gmts.train.sources import (
+    DatasetSource,
+    RewardFn,
+    TaskSource,
+    dataset_reward,
+    load_examples,
+)
 from gmts.train.update import (
     UpdateSettings,
     batched_statistics,
@@ -152,6 +158,26 @@ class Trainer:
         self.run_dir = Path(cfg.logging.output_dir)
         show = cfg.logging.progress and self.info.is_main
 
+        # Data and rewards first: a bad dataset or reward fails before any model is loaded.
+        self.task = None
+        examples = None
+        if cfg.data.dataset is None:
+            from gmts.data.tasks import get_task
+
+            self.task = get_task(cfg.data.task)
+            self.source: Any = TaskSource(self.task, cfg.seed)
+            self.reward_fn = reward_fn or self.task.reward
+            self.max_new_tokens = r.max_response_length or self.task.max_new_tokens
+        else:
+            examples = load_examples(
+                cfg.data.dataset,
+                split=cfg.data.split,
+                question_field=cfg.data.question_field,
+                answer_field=cfg.data.answer_field,
+            )
+            self.reward_fn = reward_fn or dataset_reward(cfg.data.reward)
+            self.max_new_tokens = r.max_response_length or 1024
+
         # The model: rank 0 builds/caches the embedded warm start first, then the others.
         if self.info.is_main:
             base_path = resolve_model_path(cfg, progress=show)
@@ -166,28 +192,15 @@ class Trainer:
             self.ref_model, _ = load_policy(base_path, cfg, self.device)
             self.ref_model.eval().requires_grad_(False)
 
-        # Data and rewards.
-        self.task = None
-        if cfg.data.dataset is None:
-            from gmts.data.tasks import get_task
-
-            self.task = get_task(cfg.data.task)
-            self.source: Any = TaskSource(self.task, cfg.seed)
-            self.reward_fn = reward_fn or self.task.reward
-            self.max_new_tokens = r.max_response_length or self.task.max_new_tokens
-        else:
+        if examples is not None:  # prompts are rendered with the model's tokenizer
             self.source = DatasetSource(
-                cfg.data.dataset,
-                question_field=cfg.data.question_field,
-                answer_field=cfg.data.answer_field,
+                examples,
                 tokenizer=self.tokenizer,
                 template=cfg.data.template,
                 max_prompt_tokens=r.max_prompt_length,
                 shuffle=cfg.data.shuffle,
                 seed=cfg.seed,
             )
-            self.reward_fn = reward_fn or dataset_reward(cfg.data.reward)
-            self.max_new_tokens = r.max_response_length or 1024
 
         # Optimisation.
         self.minibatches = r.questions_per_batch // cfg.mini_batch_questions
