@@ -42,7 +42,7 @@ def test_math500_end_to_end(tiny_chat_model_dir, shared_data, tmp_path, capsys):
     )  # fmt: skip
     assert rc == 0, stderr
     lines = stdout.strip().splitlines()
-    assert lines[0].split("|")[1:-1] == [" Model ", " MATH-500 ", "  Avg. "]
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == ["Model", "MATH-500", "Avg."]
     assert lines[2].startswith("| tiny ")
     assert lines[-1] == "(average@2 in %)"
     data = json.loads(out.read_text())
@@ -156,3 +156,48 @@ def test_resume_with_other_settings_refused_before_loading(
         capsys,
     )  # fmt: skip
     assert rc == 2 and "differs in: n" in err and "--fresh" in err
+
+
+@pytest.mark.slow
+def test_warm_started_demo_model_matches_its_own_evaluation(tmp_path, capsys):
+    """The embedded warm start (cached after the first build) evaluated by ``gmts eval``.
+
+    Greedy pass@1 on the 200 held-out questions must equal the greedy accuracy the warm start
+    measured with ``evaluate_task`` (same problems, argmax decoding, one batch); the sampled
+    average@16 must agree with its average@16 up to sampling noise.
+    """
+    from gmts.train.warmstart import warm_start
+
+    model_dir = warm_start("addition", progress=False)
+    info = json.loads((model_dir / "warmstart.json").read_text())
+    out = tmp_path / "warm.json"
+    rc, _, err = _run(
+        ["--model", str(model_dir), "--benchmarks", "builtin:addition", "--temperature", "0",
+         "--batch-size", "256", "--device", "cpu", "--no-progress", "--out", str(out)],
+        capsys,
+    )  # fmt: skip
+    assert rc == 0, err
+    summary = json.loads(out.read_text())["summary"]["benchmarks"]["builtin:addition"]
+    assert summary["metric"] == "pass@1" and summary["num_questions"] == 200
+    assert summary["score"] == pytest.approx(info["greedy_accuracy"], abs=1e-9)
+
+    out16 = tmp_path / "warm16.json"
+    rc, table, err = _run(
+        ["--model", str(model_dir), "--benchmarks", "builtin:addition", "--n", "16",
+         "--batch-size", "1024", "--device", "cpu", "--no-progress", "--out", str(out16)],
+        capsys,
+    )  # fmt: skip
+    assert rc == 0, err
+    score = json.loads(out16.read_text())["summary"]["benchmarks"]["builtin:addition"]["score"]
+    assert abs(score - info["average_at_n"]) < 0.08
+    assert "builtin:addition" in table
+
+
+def test_missing_data_dir_files_fail_before_loading(tiny_chat_model_dir, tmp_path, capsys):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    rc, _, err = _run(
+        ["--model", str(tiny_chat_model_dir), "--benchmarks", "math500", "--data-dir", str(empty)],
+        capsys,
+    )
+    assert rc == 2 and "file not found" in err and err.count("\n") == 1

@@ -42,18 +42,16 @@ def _int_gold(answer: str) -> int:
 
 def test_gold_boxed_scores_100_and_off_by_one_scores_0(shared_data):
     names = ["aime24", "amc23"]  # integer answers (AMC's written as 27.0)
-    gold = _gold_map(names, shared_data)
-    config = EvalConfig(n=2, data_dir=str(shared_data))
+    gold = _gold_map(names, shared_data, limit=12)
+    config = EvalConfig(n=1, limit=12, data_dir=str(shared_data))
 
     right = OracleBackend(gold, lambda g, j: f"so the answer is \\boxed{{{_int_gold(g)}}}.")
     report = evaluate(right, names, config, progress=False)
     assert [b.score for b in report.benchmarks] == [1.0, 1.0]
-    assert [b.num_questions for b in report.benchmarks] == [30, 40]
+    assert [b.num_questions for b in report.benchmarks] == [12, 12]
     assert report.average == 1.0
-    assert (
-        report.benchmarks[0].records[0].extracted
-        == [str(_int_gold(gold[right.prompts_seen[0]]))] * 2
-    )
+    first_gold = _int_gold(gold[right.prompts_seen[0]])
+    assert report.benchmarks[0].records[0].extracted == [str(first_gold)]
 
     wrong = OracleBackend(gold, lambda g, j: f"so the answer is \\boxed{{{_int_gold(g) + 1}}}.")
     report = evaluate(wrong, names, config, progress=False)
@@ -184,3 +182,61 @@ def test_builtin_task_gold_scores_100():
         progress=False,
     )
     assert report.benchmarks[0].score == 0.0
+
+
+def test_commonsense_gold_scores_100_and_wrong_scores_0(shared_data):
+    names = ["csqa", "csqa2"]
+    gold = _gold_map(names, shared_data, limit=5)
+    config = EvalConfig(n=2, limit=5, data_dir=str(shared_data))
+    right = evaluate(
+        OracleBackend(gold, lambda g, j: f"\\boxed{{{g}}}"), names, config, progress=False
+    )
+    assert [b.score for b in right.benchmarks] == [1.0, 1.0]
+    flip = {"yes": "no", "no": "yes", "A": "B", "B": "C", "C": "D", "D": "E", "E": "A"}
+    wrong = evaluate(
+        OracleBackend(gold, lambda g, j: f"\\boxed{{{flip[g.strip()]}}}"),
+        names,
+        config,
+        progress=False,
+    )
+    assert [b.score for b in wrong.benchmarks] == [0.0, 0.0]
+    # the CS-QA prompt lists the lettered choices
+    item = load_eval_benchmark("csqa", tokenizer=None, data_dir=shared_data, limit=1).items[0]
+    assert "\nA. " in item.prompt and "\nE. " in item.prompt
+
+
+def test_code_benchmarks_are_greedy_pass_at_1(shared_data):
+    import gzip
+    import json
+
+    with gzip.open(shared_data / "code" / "HumanEval.jsonl.gz", "rt") as fh:
+        rows = [json.loads(line) for line, _ in zip(fh, range(2))]
+    solutions = {r["prompt"]: r["prompt"] + r["canonical_solution"] for r in rows}
+
+    class CodeBackend:
+        name = "fake-code"
+        tokenizer = None
+
+        def __init__(self, broken: bool):
+            self.broken = broken
+            self.calls = []
+
+        def generate(self, prompts, *, n, temperature, max_new_tokens, seed):
+            self.calls.append((n, temperature))
+            out = []
+            for p in prompts:
+                task = next(k for k in solutions if k.strip() in p)
+                code = task + "    return None\n" if self.broken else solutions[task]
+                out.append([f"Here it is:\n```python\n{code}\n```"] * n)
+            return out
+
+    config = EvalConfig(n=16, temperature=1.0, limit=2, data_dir=str(shared_data))
+    good = CodeBackend(broken=False)
+    report = evaluate(good, "humaneval", config, progress=False)
+    bench = report.benchmarks[0]
+    assert good.calls and all(c == (1, 0.0) for c in good.calls)
+    assert bench.metric == "pass@1" and bench.samples_per_question == 1
+    assert bench.score == 1.0
+    assert "def " in bench.records[0].extracted[0]
+    bad = evaluate(CodeBackend(broken=True), "humaneval", config, progress=False)
+    assert bad.benchmarks[0].score == 0.0

@@ -89,8 +89,11 @@ def test_choice_and_yesno_and_code_user_turns(chat_tokenizer):
         None, "Where is money kept?", template="commonsense_choice", choices=["bank", "mall"]
     )
     assert "Where is money kept?\n\nA. bank\nB. mall\n\nAnswer with the letter" in text
-    with pytest.raises(ValueError, match="needs choices"):
-        format_prompt(None, "q", template="commonsense_choice")
+    # choices already written in the question: only the instruction is added
+    inline = format_prompt(None, "Where?\nA. bank\nB. mall", template="commonsense_choice")
+    assert inline.endswith(
+        "Where?\nA. bank\nB. mall\n\nAnswer with the letter of the correct choice.\n\n"
+    )
     with pytest.raises(ValueError, match="takes no choices"):
         format_prompt(None, "q", template="math", choices=["a"])
     yn = format_prompt(chat_tokenizer, "Is water wet?", template="commonsense_yesno")

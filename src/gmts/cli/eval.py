@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from gmts.eval.backends import ModelPathError, resolve_model_path
-    from gmts.eval.benchmarks import parse_benchmarks
+    from gmts.eval.benchmarks import BUILTIN_PREFIX, parse_benchmarks
     from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
     from gmts.eval.results_store import ResultsStore
 
@@ -117,6 +117,19 @@ def run(args: argparse.Namespace) -> int:
         return _error(str(err))
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         return _error(f"--data-dir {args.data_dir} is not a folder")
+    dataset_names = [b for b in benchmarks if not b.startswith(BUILTIN_PREFIX)]
+    if dataset_names:  # find every file now rather than after minutes of loading
+        import warnings
+
+        from gmts.data.datasets import load_benchmark
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # bad rows are reported once, by the real load
+                for bench in dataset_names:
+                    load_benchmark(bench, data_dir=args.data_dir, limit=1)
+        except (OSError, ValueError) as err:
+            return _error(str(err))
 
     name = args.name or _default_name(args.model)
     out = Path(args.out) if args.out else Path(f"eval-{name}.json")
@@ -156,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             results_path=store,
             progress=not args.no_progress,
         )
-    except ValueError as err:  # bad data rows or files, reported by the loaders
+    except (OSError, ValueError) as err:  # unreadable data files, reported by the loaders
         return _error(str(err))
 
     from gmts.eval.report import write_report

@@ -9,7 +9,8 @@ text otherwise. The registered templates:
 ``math``             system "Please reason step by step, and put your final answer within
                      \\boxed{}."; user = the question (paper: math and commonsense)
 ``commonsense_choice`` same system prompt; user = the question, then lettered choices
-                     ("A. ...") and a request for the letter (CommonsenseQA)
+                     ("A. ...", unless already in the question) and a request for the
+                     letter (CommonsenseQA)
 ``commonsense_yesno`` same system prompt; user = the question and "Answer yes or no."
                      (CommonsenseQA 2.0)
 ``code``             system "You are Qwen, created by Alibaba Cloud. You are a helpful
@@ -86,7 +87,8 @@ class PromptTemplate:
         name: registry name.
         system: system prompt, or None for no system turn.
         instruction: text appended to the user turn after a blank line ("" for none).
-        uses_choices: whether the user turn lists lettered choices (then they are required).
+        uses_choices: whether the user turn lists lettered choices (``choices=``; None means
+            they are already written in the question).
     """
 
     name: str
@@ -100,12 +102,8 @@ class PromptTemplate:
             raise ValueError(f"question must be a str, got {type(question).__name__}")
         parts = [question.strip()]
         if self.uses_choices:
-            if choices is None:
-                raise ValueError(
-                    f"template {self.name!r} needs choices=...; pass the answer options "
-                    "(or use template='plain' if they are already in the question)"
-                )
-            parts.append(format_choices(choices))
+            if choices is not None:  # None: the options are already written in the question
+                parts.append(format_choices(choices))
         elif choices is not None:
             raise ValueError(f"template {self.name!r} takes no choices; got {choices!r}")
         if self.instruction:

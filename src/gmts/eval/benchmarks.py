@@ -178,25 +178,18 @@ class EvalBenchmark:
     score: Scorer
 
 
-def _math_scorer(reward_name: str) -> Scorer:
-    from gmts.rewards import get_reward
-    from gmts.rewards.boxed import extract_boxed
-
-    reward = get_reward(reward_name)
-
-    def score(completion: str, item: EvalItem) -> tuple[float, Any]:
-        return float(reward(completion, item.answer)), extract_boxed(completion)
-
-    return score
-
-
-def _choice_scorer(reward_name: str, extractor_name: str | None) -> Scorer:
+def _verifier_scorer(verifier: str) -> Scorer:
+    """Scorer for the answer verifiers: (reward, what the verifier extracted)."""
     import gmts.rewards as rewards
+    from gmts.rewards.boxed import extract_boxed
+    from gmts.rewards.choice import extract_choice, extract_yes_no
 
-    reward = rewards.get_reward(reward_name)
-    extract = getattr(rewards, extractor_name, None) if extractor_name else None
-    if extract is None:
-        from gmts.rewards.boxed import extract_boxed as extract
+    pairs = {
+        "math": (rewards.math_reward, extract_boxed),
+        "choice": (rewards.choice_reward, extract_choice),
+        "yes_no": (rewards.yes_no_reward, extract_yes_no),
+    }
+    reward, extract = pairs[verifier]
 
     def score(completion: str, item: EvalItem) -> tuple[float, Any]:
         return float(reward(completion, item.answer)), extract(completion)
@@ -205,23 +198,36 @@ def _choice_scorer(reward_name: str, extractor_name: str | None) -> Scorer:
 
 
 def _code_scorer(kind: str, timeout: float) -> Scorer:
+    """Scorer for HumanEval / MBPP: run the extracted program against the tests (sandboxed)."""
     import gmts.rewards as rewards
 
     build = rewards.humaneval_program if kind == "humaneval" else rewards.mbpp_program
 
     def score(completion: str, item: EvalItem) -> tuple[float, Any]:
-        code = rewards.extract_code_block(completion)
-        program, tests = build(completion, item.meta)
-        return float(rewards.code_reward(program, tests, timeout=timeout)), code
+        program, tests = build(completion, item)  # item has .meta and .answer like an Example
+        reward = rewards.code_reward(program, tests, timeout=timeout)
+        return float(reward), rewards.extract_code_block(completion)
 
     return score
 
 
-def _choices_of(meta: Mapping[str, Any]) -> Any:
-    choices = meta.get("choices")
-    if isinstance(choices, Mapping) and "label" in choices and "text" in choices:
-        return list(zip(choices["label"], choices["text"]))
-    return choices
+def prompt_question(spec: BenchmarkSpec, question: str, meta: Mapping[str, Any]) -> tuple[str, Any]:
+    """The question text and choices that go into the template for one loaded example.
+
+    - multiple choice: the loader writes the lettered options into the question and keeps the
+      bare ``stem`` and ``choices`` ({"label": [...], "text": [...]}) in meta; the template
+      lists them itself, so the stem is used. Without them the question is used as it is.
+    - MBPP: the task text alone does not name the function the tests call, so the first test
+      is appended ("Your code should pass this test: assert ..."), as is usual for MBPP.
+    """
+    if spec.template == "commonsense_choice":
+        choices = meta.get("choices")
+        if isinstance(choices, Mapping) and choices.get("label") and meta.get("stem"):
+            return str(meta["stem"]), list(zip(choices["label"], choices["text"]))
+        return question, None
+    if spec.verifier == "mbpp" and meta.get("test_list"):
+        return f"{question}\nYour code should pass this test:\n{meta['test_list'][0]}", None
+    return question, None
 
 
 def load_eval_benchmark(
@@ -263,18 +269,11 @@ def load_eval_benchmark(
     items = []
     for ex in examples:
         meta = dict(ex.meta or {})
-        choices = _choices_of(meta) if spec.template == "commonsense_choice" else None
-        template = spec.template
-        if template == "commonsense_choice" and not choices:
-            template = "math"  # the loader already wrote the choices into the question
-        prompt = format_prompt(tokenizer, ex.question, template=template, choices=choices)
+        text, choices = prompt_question(spec, ex.question, meta)
+        prompt = format_prompt(tokenizer, text, template=spec.template, choices=choices)
         items.append(EvalItem(str(ex.id), ex.question, str(ex.answer), prompt, meta))
-    if spec.verifier == "math":
-        scorer = _math_scorer("math")
-    elif spec.verifier == "choice":
-        scorer = _choice_scorer("choice", "extract_choice")
-    elif spec.verifier == "yes_no":
-        scorer = _choice_scorer("yes_no", "extract_yes_no")
-    else:
+    if spec.verifier in ("humaneval", "mbpp"):
         scorer = _code_scorer(spec.verifier, code_timeout)
+    else:
+        scorer = _verifier_scorer(spec.verifier)
     return EvalBenchmark(spec, items, scorer)
