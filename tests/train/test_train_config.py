@@ -139,3 +139,9 @@ def test_cli_print_config(capsys):
     assert main(["train", "--print-config", "selection.score=entropy"]) == 0
     out = capsys.readouterr().out
     assert "score: entropy" in out
+
+
+def test_docs_reference_table_is_current():
+    """docs/training.md holds the generated table (regenerate: python -m gmts.train.config)."""
+    doc = (REPO / "docs" / "training.md").read_text()
+    assert config_markdown_table() in doc

@@ -549,3 +549,7 @@ def config_markdown_table() -> str:
         esc_type = tp.replace("|", "\\|")
         rows.append(f"| `{key}` | {esc_type} | `{default}` | {esc_help} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m gmts.train.config > table (docs/training.md reference)
+    print(config_markdown_table())
