@@ -246,3 +246,18 @@ def test_chunked_paths_use_less_memory(dtype):
     inputs = logits.numel() * logits.element_size()
     assert saved["chunked"] <= inputs + 64 * n
     assert saved["from_hidden"] <= hidden.numel() * hidden.element_size() + v * h * 2 * 4 + 64 * n
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("position", ["label", "other"])
+def test_every_kind_of_non_finite_logit_is_rejected(value, position):
+    hidden, weight, labels, _ = _data(torch.float32)
+    logits = hidden @ weight.T
+    j = int(labels[1, 2]) if position == "label" else (int(labels[1, 2]) + 1) % logits.shape[-1]
+    logits[1, 2, j] = value
+    with pytest.raises(ValueError, match="finite"):
+        gmts.token_statistics(logits, labels, chunk_size=4)
+    w = weight.clone()
+    w[j, 0] = value  # a non-finite weight gives non-finite logits in every row
+    with pytest.raises(ValueError, match="finite"):
+        gmts.token_statistics_from_hidden(hidden, w, labels, chunk_size=4)

@@ -81,8 +81,6 @@ def _chunk_forward(
     z: torch.Tensor, labels: torch.Tensor, temperature: float, want_g: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Statistics of one chunk of raw logits ``z`` (n, V) -> (logprob, entropy, lse, G), each (n,)."""
-    if not bool(torch.isfinite(z).all()):
-        raise ValueError("logits must be finite; found inf or nan")
     z = z.float()  # (n, V) fp32 accumulation for bf16/fp16 input
     if temperature != 1.0:
         z = z / temperature
@@ -96,6 +94,14 @@ def _chunk_forward(
         p_t = logprob.exp()
         g = (1.0 - 2.0 * p_t + (p * p).sum(-1)).clamp_min(0.0).sqrt()
     return logprob, entropy, lse, g
+
+
+def _check_finite(logprob: torch.Tensor, entropy: torch.Tensor, lse: torch.Tensor) -> None:
+    """One device sync after all chunks: any inf/nan logit makes lse, entropy or the log-prob
+    non-finite (+inf/nan -> lse; -inf -> entropy is nan (0 * -inf) or logprob is -inf)."""
+    finite = torch.isfinite(lse).all() & torch.isfinite(entropy).all()
+    if not bool(finite & torch.isfinite(logprob).all()):
+        raise ValueError("logits must be finite; found inf or nan (or the log-softmax overflowed)")
 
 
 def _chunk_grad_z(
@@ -128,6 +134,7 @@ class _LogitsStats(torch.autograd.Function):
             logprob[sl], entropy[sl], lse[sl] = lp, ent, ls
             if want_g:
                 g[sl] = gg
+        _check_finite(logprob, entropy, lse)
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy, lse)
@@ -166,6 +173,7 @@ class _HiddenStats(torch.autograd.Function):
             logprob[sl], entropy[sl], lse[sl] = lp, ent, ls
             if want_g:
                 g[sl] = gg
+        _check_finite(logprob, entropy, lse)
         ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy, lse)
@@ -181,7 +189,9 @@ class _HiddenStats(torch.autograd.Function):
             return None, None, None, None, None, None
         n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden) if need_h else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        )  # (V, H) float32 accumulator over chunks
         for start in range(0, n, ctx.chunk_size):
             sl = slice(start, min(n, start + ctx.chunk_size))
             h = hidden[sl]  # (n, H)
@@ -190,9 +200,12 @@ class _HiddenStats(torch.autograd.Function):
             dz = dz.to(hidden.dtype)  # (n, V), matmuls in the input dtype as autograd would
             if need_h:
                 grad_hidden[sl] = dz @ weight  # (n, H)
-            if need_w:
-                grad_weight += (dz.T @ h).float()  # (V, H)
-        grad_weight = grad_weight.to(weight.dtype) if need_w else None
+            if need_w and h.dtype == torch.float32:
+                grad_weight.addmm_(dz.T, h)  # (V, H), in place
+            elif need_w:
+                grad_weight += (dz.T @ h).float()  # (V, H) low-precision matmul, fp32 sum
+        if need_w:
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 
