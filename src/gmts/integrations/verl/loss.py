@@ -1,0 +1,376 @@
+"""The GMTS actor loss for verl's engine workers (verl >= 0.9), without a fork.
+
+verl's engine workers run the actor update as: mini-batch ``TensorDict`` ->
+``engine.train_batch(data, loss_function)`` -> global token count (all-reduced over data-parallel
+ranks) -> micro-batches -> ``loss_function(model_output, data, dp_group)`` per micro-batch.
+:class:`GMTSPolicyLoss` is such a ``loss_function`` (installed with the worker's ``set_loss_fn``)
+with one extra step, :meth:`GMTSPolicyLoss.prepare_mini_batch`, that the plugin's engine hook
+calls on the whole mini-batch before it is split:
+
+1. per-token quantities of the mini-batch (``(B, R)`` padded, R = max response length):
+   ``score_inputs='current'`` runs one extra no-grad forward pass with the parameters about to
+   be updated (exact r, I(r, A), KL and entropy for every mini-batch); ``'rollout'`` uses
+   ``old_log_probs`` (r = 1);
+2. omega from verl's own objective: clip_ratio_low/high, the dual clip clip_ratio_c, and, with
+   ``use_kl_loss``, k3 (``low_var_kl``) with ``kl_loss_coef`` clamped at 10 as verl does;
+3. exactly k = ceil(ratio * N) tokens selected over the mini-batch of all data-parallel ranks
+   (the core's ``select_tokens`` with the engine's DP group); the mask is stored per row as
+   ``data["gmts_selected"]``, so it follows the rows through verl's micro-batch reordering,
+   and the global selected count S as ``gmts_num_selected``.
+
+The loss is verl's own policy loss (``actor.policy_loss.loss_mode``, vanilla for omega-based
+scores) evaluated on ``response_mask & gmts_selected``; with ``normalize='selected'`` verl's
+token-mean divides by S instead of the global token count (eq. 2). The KL loss covers the
+selected tokens (``kl_tokens='selected'``, divided like the policy term) or all valid tokens
+(``'all'``, divided by the global token count). The entropy bonus stays verl's (all tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from gmts.core.objectives import ObjectiveConfig, loss_denominator
+from gmts.core.scores import SCORE_REQUIREMENTS
+from gmts.core.step import select_for_update
+from gmts.integrations.verl.settings import GMTSVerlSettings
+
+__all__ = [
+    "GMTSPolicyLoss",
+    "objective_from_actor_config",
+    "prepare_selection",
+    "gmts_ppo_loss",
+    "SELECTED_KEY",
+]
+
+SELECTED_KEY = "gmts_selected"
+NUM_SELECTED_KEY = "gmts_num_selected"
+THRESHOLD_KEY = "gmts_threshold"
+_K3_TYPES = ("low_var_kl", "k3")
+_VERL_K3_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
+
+
+def _cfg(config: Any, name: str, default: Any = None) -> Any:
+    """Read a field of verl's ActorConfig (a dataclass with a dict-like ``get``) or a dict."""
+    if isinstance(config, dict):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def _loss_mode(config: Any) -> str:
+    policy_loss_cfg = _cfg(config, "policy_loss", None)
+    if policy_loss_cfg is None:
+        return "vanilla"
+    return str(_cfg(policy_loss_cfg, "loss_mode", "vanilla") or "vanilla")
+
+
+def objective_from_actor_config(config: Any) -> ObjectiveConfig:
+    """verl's actor objective as a core ``ObjectiveConfig`` (what omega must differentiate)."""
+    clip = _cfg(config, "clip_ratio", 0.2)
+    low = _cfg(config, "clip_ratio_low", None)
+    high = _cfg(config, "clip_ratio_high", None)
+    use_kl = bool(_cfg(config, "use_kl_loss", False))
+    kl_type = str(_cfg(config, "kl_loss_type", "low_var_kl"))
+    return ObjectiveConfig(
+        clip_low=float(clip if low is None else low),
+        clip_high=float(clip if high is None else high),
+        dual_clip=float(_cfg(config, "clip_ratio_c", 3.0)),
+        kl_coef=float(_cfg(config, "kl_loss_coef", 0.0)) if use_kl else 0.0,
+        kl_ratio_correction=False,
+        kl_clamp=_VERL_K3_CLAMP if use_kl and kl_type in _K3_TYPES else None,
+        aggregation="token-mean",
+    )
+
+
+def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
+    """Raise ``ValueError`` for verl actor settings GMTS cannot honour."""
+    problems = []
+    selection = settings.selection
+    needs_omega = selection.enabled and "omega" in SCORE_REQUIREMENTS[selection.score]
+    if needs_omega and _loss_mode(config) != "vanilla":
+        problems.append(
+            f"policy_loss.loss_mode={_loss_mode(config)!r}: omega-based scores assume verl's "
+            "vanilla clipped objective; use loss_mode=vanilla or score=entropy/random"
+        )
+    kl_type = str(_cfg(config, "kl_loss_type", "low_var_kl"))
+    if needs_omega and _cfg(config, "use_kl_loss", False) and kl_type not in _K3_TYPES:
+        problems.append(f"kl_loss_type={kl_type!r}: omega covers the k3 KL only (low_var_kl / k3)")
+    agg = str(_cfg(config, "loss_agg_mode", "token-mean"))
+    if selection.enabled and selection.normalize == "selected" and agg != "token-mean":
+        problems.append(
+            f"loss_agg_mode={agg!r}: normalize='selected' (eq. 2) is a token-mean over the "
+            "selected tokens; set loss_agg_mode=token-mean or gmts.normalize=all"
+        )
+    if problems:
+        raise ValueError(
+            "GMTS cannot honour these verl actor settings:\n- " + "\n- ".join(problems)
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# selection on the whole mini-batch
+
+
+def _padded(data: Any, key: str) -> torch.Tensor:
+    value = data[key]
+    if getattr(value, "is_nested", False):
+        raise ValueError(
+            f"data[{key!r}] is a nested tensor; GMTS expects verl's padded (B, R) response fields"
+        )
+    return value
+
+
+def prepare_selection(
+    data: Any,
+    settings: GMTSVerlSettings,
+    objective: ObjectiveConfig,
+    *,
+    logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    process_group: Any = None,
+    step: int = 0,
+) -> Any:
+    """Select the tokens of a whole (local shard of a) mini-batch and store the result in it.
+
+    Args:
+        data: verl ``TensorDict`` with padded ``(B, R)`` ``response_mask``, ``old_log_probs``,
+            ``advantages`` and (for a KL objective) ``ref_log_prob``.
+        logprobs, entropy: ``(B, R)`` current-policy statistics from the extra pass, or None
+            (rollout inputs: logprobs = old_log_probs, so r = 1).
+        process_group: the data-parallel group; selection and counts are global over it.
+        step: seeds the 'random' score.
+
+    Returns:
+        ``data``, with ``gmts_selected`` ``(B, R)`` bool and the non-tensor entries
+        ``gmts_num_selected`` (global S, at least 1) and ``gmts_threshold``.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    response_mask = _padded(data, "response_mask").bool()  # (B, R)
+    old_logprobs = _padded(data, "old_log_probs").float()
+    advantages = _padded(data, "advantages").float()
+    ref_logprobs = _padded(data, "ref_log_prob").float() if objective.kl_coef > 0 else None
+    current = old_logprobs if logprobs is None else logprobs.float()
+    result = select_for_update(
+        settings.selection,
+        objective,
+        logprobs=current,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        entropy=None if entropy is None else entropy.float(),
+        ref_logprobs=ref_logprobs,
+        process_group=process_group,
+        step=step,
+    )
+    selected = response_mask if result.selected is None else result.selected & response_mask
+    num_selected = loss_denominator(
+        response_mask, selected, "token-mean", "selected", process_group
+    )
+    data[SELECTED_KEY] = selected
+    threshold = math.nan if result.threshold is None else float(result.threshold)
+    tu.assign_non_tensor(data, **{NUM_SELECTED_KEY: num_selected, THRESHOLD_KEY: threshold})
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# the per-micro-batch loss
+
+
+def gmts_ppo_loss(
+    config: Any,
+    model_output: Any,
+    data: Any,
+    dp_group: Any = None,
+    *,
+    settings: GMTSVerlSettings,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's ``ppo_loss`` restricted to the selected tokens (same signature plus ``settings``).
+
+    Args:
+        config: verl ``ActorConfig``. model_output: ``{"log_probs", "entropy"?}`` of the
+            micro-batch (nested, no padding). data: the micro-batch ``TensorDict``, carrying
+            ``gmts_selected`` from :func:`prepare_selection` unless selection is off.
+
+    Returns:
+        ``(loss, metrics)`` like ``ppo_loss``; loss is scaled so that summing it over
+        micro-batches and averaging gradients over DP ranks gives the mini-batch loss.
+    """
+    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import AggregationType, Metric
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    selection = settings.selection
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)  # (B, R)
+    entropy = model_output.get("entropy", None)
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+
+    dp_size = data["dp_size"]
+    batch_num_tokens = data["batch_num_tokens"]  # all valid tokens of the mini-batch, all ranks
+    global_batch_size = data["global_batch_size"]
+    num_selected = tu.get_non_tensor_data(data=data, key=NUM_SELECTED_KEY, default=None)
+    threshold = tu.get_non_tensor_data(data=data, key=THRESHOLD_KEY, default=math.nan)
+
+    wanted = ["response_mask", "old_log_probs", "advantages"]
+    wanted += [k for k in ("rollout_is_weights", "ref_log_prob", SELECTED_KEY) if k in data]
+    fields = data.select(*wanted).to_padded_tensor()
+    response_mask = fields["response_mask"].bool()  # (B, R)
+    if SELECTED_KEY in fields:
+        selected = fields[SELECTED_KEY].bool() & response_mask
+    elif not selection.enabled:
+        selected = response_mask
+    else:
+        raise ValueError(
+            f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
+            "mini-batch (is the gmts verl plugin registered in this worker process?)"
+        )
+    if selection.enabled and selection.normalize == "selected":
+        if num_selected is None:
+            raise ValueError(f"micro-batch has no {NUM_SELECTED_KEY!r} (see prepare_selection)")
+        policy_tokens = num_selected
+    else:
+        policy_tokens = batch_num_tokens
+
+    uses_global_info = (
+        dp_size > 1
+        or batch_num_tokens is not None
+        or global_batch_size is not None
+        or config.loss_scale_factor is not None
+    )
+    aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
+    info = {
+        "dp_size": dp_size,
+        "global_batch_size": global_batch_size,
+        "loss_scale_factor": config.loss_scale_factor,
+    }
+    # verl's policy loss functions aggregate with config.global_batch_info
+    config.global_batch_info.update(info, batch_num_tokens=policy_tokens)
+    policy_loss_fn = get_policy_loss_fn(_loss_mode(config))
+    pg_loss, pg_metrics = policy_loss_fn(
+        old_log_prob=fields["old_log_probs"],
+        log_prob=log_prob,
+        advantages=fields["advantages"],
+        response_mask=selected,
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
+        rollout_is_weights=fields.get("rollout_is_weights", None),
+    )
+    metrics: dict[str, Any] = dict(Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN))
+    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=aggregation)
+    loss = pg_loss
+
+    if entropy is not None:  # verl's entropy bonus, over every valid token
+        entropy_loss = agg_loss(
+            loss_mat=entropy,
+            loss_mask=response_mask,
+            loss_agg_mode=config.loss_agg_mode,
+            batch_num_tokens=batch_num_tokens,
+            **info,
+        )
+        loss = loss - config.entropy_coeff * entropy_loss
+        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=aggregation)
+
+    if config.use_kl_loss:
+        kl_on_selected = selection.kl_tokens == "selected"
+        kld = kl_penalty(
+            logprob=log_prob, ref_logprob=fields["ref_log_prob"], kl_penalty=config.kl_loss_type
+        )
+        kl_loss = agg_loss(
+            loss_mat=kld,
+            loss_mask=selected if kl_on_selected else response_mask,
+            loss_agg_mode=config.loss_agg_mode,
+            batch_num_tokens=policy_tokens if kl_on_selected else batch_num_tokens,
+            **info,
+        )
+        loss = loss + kl_loss * config.kl_loss_coef
+        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=aggregation)
+        metrics["kl_coef"] = config.kl_loss_coef
+
+    if selection.enabled and batch_num_tokens:
+        metrics["gmts/selected_fraction"] = float(num_selected or 0) / float(batch_num_tokens)
+        metrics["gmts/score_threshold"] = float(threshold)
+    return loss, metrics
+
+
+class GMTSPolicyLoss:
+    """A verl engine-worker loss function (``set_loss_fn``) with GMTS selection.
+
+    ``__call__`` has ``ppo_loss``'s signature; :meth:`prepare_mini_batch` is called by the
+    plugin's ``BaseEngine.train_batch`` hook on every mini-batch before micro-batching.
+    Picklable, so verl can ship it to its Ray workers.
+    """
+
+    def __init__(self, config: Any, settings: GMTSVerlSettings) -> None:
+        if not isinstance(settings, GMTSVerlSettings):
+            raise ValueError(f"settings must be GMTSVerlSettings, got {type(settings).__name__}")
+        check_actor_config(config, settings)
+        self.config = config
+        self.settings = settings
+        self.objective = objective_from_actor_config(config)
+        self.steps = 0
+
+    def __call__(
+        self, model_output: Any, data: Any, dp_group: Any = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        return gmts_ppo_loss(self.config, model_output, data, dp_group, settings=self.settings)
+
+    def prepare_mini_batch(self, engine: Any, data: Any) -> Any:
+        """Select on the whole mini-batch ``data`` (this rank's shard), global over DP ranks."""
+        if not self.settings.selection.enabled:
+            return data
+        group = _dp_group(engine)
+        logprobs = entropy = None
+        if self.settings.score_inputs == "current":
+            logprobs, entropy = current_statistics(engine, data)
+        prepare_selection(
+            data,
+            self.settings,
+            self.objective,
+            logprobs=logprobs,
+            entropy=entropy,
+            process_group=group,
+            step=self.steps,
+        )
+        self.steps += 1
+        return data
+
+
+def _dp_group(engine: Any) -> Any:
+    """The engine's data-parallel group when torch.distributed runs with more than one rank."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    group = engine.get_data_parallel_group()
+    if group is None or torch.distributed.get_world_size(group=group) <= 1:
+        return None
+    return group
+
+
+@torch.no_grad()
+def current_statistics(engine: Any, data: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact variant's extra pass: ``(logprobs, entropy)`` ``(B, R)`` at the current weights.
+
+    Runs ``engine.infer_batch`` (forward only, no grad) on the mini-batch with entropy on, then
+    restores the mini-batch's own ``calculate_entropy`` flag.
+    """
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    keep = tu.get_non_tensor_data(data=data, key="calculate_entropy", default=False)
+    tu.assign_non_tensor(data, calculate_entropy=True)
+    try:
+        output = engine.infer_batch(data, loss_function=None)
+    finally:
+        tu.assign_non_tensor(data, calculate_entropy=keep)
+    model_output = output.get("model_output") if output is not None else None
+    if not model_output or "log_probs" not in model_output or "entropy" not in model_output:
+        raise ValueError(
+            "the engine returned no log_probs/entropy on this rank (pipeline-parallel stages "
+            "other than the last have no outputs); GMTS's exact pass needs them on every rank"
+        )
+    logprobs = no_padding_2_padding(model_output["log_probs"], data).float()
+    entropy = no_padding_2_padding(model_output["entropy"], data).float()
+    return logprobs, entropy

@@ -1,0 +1,95 @@
+"""The verl launcher's command line and the settings' environment encoding (no verl needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gmts.core import SelectionConfig
+from gmts.integrations.verl.__main__ import build_command, main
+from gmts.integrations.verl.settings import ENV_VAR, GMTSVerlSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "configs" / "verl").glob("*.yaml"))
+RUNTIME_KEY = f"+ray_kwargs.ray_init.runtime_env.env_vars.{ENV_VAR}="
+
+
+def test_env_round_trip_in_both_encodings():
+    settings = GMTSVerlSettings(
+        selection=SelectionConfig(score="entropy", ratio=0.1, largest=False, kl_tokens="all"),
+        score_inputs="current",
+    )
+    for encoded in (False, True):
+        value = settings.to_env_value(encoded=encoded)
+        assert GMTSVerlSettings.from_env({ENV_VAR: value}) == settings
+    encoded = settings.to_env_value(encoded=True)
+    assert set(encoded) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    assert GMTSVerlSettings.from_env({}) is None
+    with pytest.raises(ValueError, match=ENV_VAR):
+        GMTSVerlSettings.from_env({ENV_VAR: "{not json"})
+    with pytest.raises(ValueError, match="unknown gmts settings"):
+        GMTSVerlSettings.from_dict({"ratio": 0.2, "rato": 0.3})
+
+
+def test_command_line_gmts_items_become_settings_and_runtime_env():
+    settings, entry, overrides, dry = build_command(
+        [
+            "gmts.score=entropy",
+            "gmts.ratio=0.2",
+            "gmts.largest=false",
+            "algorithm.adv_estimator=grpo",
+            "--dry-run",
+        ]
+    )
+    assert settings.selection == SelectionConfig(score="entropy", ratio=0.2, largest=False)
+    assert entry == "verl.trainer.main_ppo" and dry
+    assert overrides[0] == "algorithm.adv_estimator=grpo"
+    forwarded = [o for o in overrides if o.startswith(RUNTIME_KEY)]
+    assert len(forwarded) == 1
+    value = forwarded[0][len(RUNTIME_KEY) :]
+    assert GMTSVerlSettings.from_env({ENV_VAR: value}) == settings
+
+
+def test_preset_and_bad_values():
+    settings, *_ = build_command(["gmts.preset=trl", "gmts.score=entropy"])
+    assert (settings.selection.normalize, settings.selection.kl_tokens) == ("all", "all")
+    with pytest.raises(ValueError, match="gmts.ratio"):
+        build_command(["gmts.ratio=lots"])
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
+    assert main(["gmts.ratio=2.0", "--dry-run"]) == 2
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_shipped_configs_parse_and_command_line_wins(config):
+    settings, _, overrides, _ = build_command(
+        ["--config", str(config), "actor_rollout_ref.actor.optim.lr=1e-7", "gmts.ratio=0.5"]
+    )
+    assert settings.selection.ratio == 0.5
+    lr = [o for o in overrides if o.startswith("actor_rollout_ref.actor.optim.lr=")]
+    assert lr == ["actor_rollout_ref.actor.optim.lr=1e-7"]
+    keys = [o.split("=", 1)[0] for o in overrides]
+    assert len(keys) == len(set(keys)), "duplicate Hydra overrides"
+    assert any(o.startswith(RUNTIME_KEY) for o in overrides)
+
+
+def test_configs_exist_for_every_paper_setting():
+    names = {c.stem for c in CONFIGS}
+    for stem in ("qwen2.5-math-1.5b", "qwen2.5-math-7b", "qwen3-8b", "qwen2.5-coder", "csqa"):
+        assert any(name.startswith(stem) for name in names), stem
+
+
+def test_dry_run_from_the_command_line():
+    out = subprocess.run(
+        [sys.executable, "-m", "gmts.integrations.verl", "--dry-run", "gmts.score=gmts", "x.y=1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith(f"{ENV_VAR}=")
+    assert "-m verl.trainer.main_ppo x.y=1" in lines[1]
