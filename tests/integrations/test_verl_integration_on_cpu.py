@@ -276,6 +276,18 @@ def test_engine_hook_runs_the_exact_pass_before_micro_batching(monkeypatch):
     assert other.infer_calls == 0 and "gmts_selected" not in plain
 
 
+def test_missing_selection_raises_when_training_but_not_in_forward_only_evaluation():
+    config = _actor_config()
+    settings = _settings(score="gmts", ratio=0.3)
+    data, flat_lp, _ = _batch(4)
+    with pytest.raises(ValueError, match="gmts_selected"):
+        gmts_ppo_loss(config, {"log_probs": flat_lp}, data, settings=settings)
+    with torch.no_grad():
+        loss, _ = gmts_ppo_loss(config, {"log_probs": flat_lp}, data, settings=settings)
+        want, _ = ppo_loss(config, {"log_probs": flat_lp}, data)
+    torch.testing.assert_close(loss, want)
+
+
 def test_rollout_score_inputs_skip_the_extra_pass():
     settings = GMTSVerlSettings(
         selection=SelectionConfig(score="omega", ratio=0.5), score_inputs="rollout"

@@ -221,8 +221,11 @@ def gmts_ppo_loss(
     response_mask = fields["response_mask"].bool()  # (B, R)
     if SELECTED_KEY in fields:
         selected = fields[SELECTED_KEY].bool() & response_mask
-    elif not selection.enabled:
+    elif not selection.enabled or not torch.is_grad_enabled():
+        # no selection, or a forward-only evaluation of the loss (infer_batch with
+        # compute_loss): nothing is trained, so the reported loss covers every valid token
         selected = response_mask
+        num_selected = batch_num_tokens
     else:
         raise ValueError(
             f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
