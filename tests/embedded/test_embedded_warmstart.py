@@ -1,0 +1,107 @@
+"""Warm start: a loadable, cached, deterministic model directory; evaluate_task bookkeeping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gmts.data.tasks import get_task
+from gmts.data.tiny_model import TinyModelConfig
+from gmts.eval.task_eval import evaluate_task
+from gmts.train import warmstart
+from gmts.train.warmstart import WarmStartConfig, load_warm_start, warm_start
+
+SMALL = WarmStartConfig(
+    steps=3,
+    batch_size=8,
+    eval_questions=8,
+    eval_samples=2,
+    model=TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2),
+)
+
+
+def test_warm_start_writes_a_loadable_cached_dir(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = warm_start("addition", cache_dir=tmp_path, config=SMALL, progress=False)
+    assert path.parent == tmp_path and path.is_dir()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary dir left behind
+    info = json.loads((path / "warmstart.json").read_text())
+    assert info["settings"]["config"]["steps"] == 3
+    assert info["settings"]["config"]["noise"] == pytest.approx(0.3)
+    assert 0.0 <= info["average_at_n"] <= info["pass_at_n"] <= 1.0 and info["n"] == 2
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.eos_token_id == tok.pad_token_id == model.config.eos_token_id
+    assert tok("037+485=", add_special_tokens=False)["input_ids"] == tok.convert_tokens_to_ids(
+        list("037+485=")
+    )
+
+    # the second call hits the cache: no training at all
+    def fail(*args, **kwargs):
+        raise AssertionError("warm start retrained although cached")
+
+    monkeypatch.setattr(warmstart, "_train", fail)
+    assert warm_start("addition", cache_dir=tmp_path, config=SMALL, progress=False) == path
+    # other settings -> another directory (and here: would need training)
+    with pytest.raises(AssertionError, match="retrained"):
+        warm_start("addition", cache_dir=tmp_path, config=SMALL, seed=1, progress=False)
+
+
+def test_warm_start_is_deterministic(tmp_path):
+    a = warm_start("addition", cache_dir=tmp_path / "a", config=SMALL, progress=False)
+    b = warm_start("addition", cache_dir=tmp_path / "b", config=SMALL, progress=False)
+    assert a.name == b.name
+    model_a, _, info_a = load_warm_start(a)
+    model_b, _, info_b = load_warm_start(b)
+    assert model_a.training
+    for (name, p), q in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.equal(p, q), name
+    assert info_a["average_at_n"] == info_b["average_at_n"]
+
+
+def test_warm_start_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="unknown task"):
+        warm_start("nope", cache_dir=tmp_path, config=SMALL, progress=False)
+    with pytest.raises(ValueError, match="steps"):
+        WarmStartConfig(steps=0)
+    with pytest.raises(ValueError, match="noise"):
+        WarmStartConfig(noise=2.0)
+    with pytest.raises(ValueError, match="max_positions"):
+        warm_start(
+            "addition-long",
+            cache_dir=tmp_path,
+            config=WarmStartConfig(steps=1, model=TinyModelConfig(max_positions=16)),
+            progress=False,
+        )
+    with pytest.raises(ValueError, match="not a warm-start directory"):
+        load_warm_start(tmp_path)
+
+
+def test_evaluate_task_bookkeeping(tmp_path):
+    path = warm_start("addition", cache_dir=tmp_path, config=SMALL, progress=False)
+    model, tok, _ = load_warm_start(path)
+    task = get_task("addition")
+    problems = task.held_out(6)
+    result = evaluate_task(model, tok, task, problems, n=4, seed=3)
+    assert result.n == 4 and len(result.per_question) == 6
+    assert result.average_at_n == pytest.approx(sum(result.per_question) / 6)
+    assert result.pass_at_n == pytest.approx(sum(q > 0 for q in result.per_question) / 6)
+    assert 1.0 <= result.mean_response_length <= task.max_new_tokens
+    assert result == evaluate_task(model, tok, task, problems, n=4, seed=3)
+    greedy = evaluate_task(model, tok, task, problems, n=3, temperature=0.0)
+    assert all(q in (0.0, 1.0) for q in greedy.per_question)  # greedy samples all agree
+    assert model.training  # evaluation restores the mode
+    with pytest.raises(ValueError, match="n must"):
+        evaluate_task(model, tok, task, problems, n=0)
+
+
+@pytest.mark.slow
+def test_default_warm_start_lands_in_the_calibrated_range(tmp_path):
+    """The default recipe leaves room for RL: held-out avg@16 about 0.3 (0.29-0.41 calibrated)."""
+    path = warm_start("addition", cache_dir=tmp_path, progress=False)
+    info = json.loads((path / "warmstart.json").read_text())
+    assert 0.15 <= info["average_at_n"] <= 0.6, info
+    assert info["greedy_accuracy"] >= info["average_at_n"]
