@@ -30,6 +30,15 @@ def global_batch(seed: int, b: int, t: int, kind: str):
     return scores, mask, group_ids
 
 
+def step_inputs(seed: int, b: int, t: int):
+    g = torch.Generator().manual_seed(seed + 1000)
+    old = -torch.rand(b, t, generator=g) * 3
+    lp = old + 0.2 * torch.randn(b, t, generator=g)
+    ref = old + 0.2 * torch.randn(b, t, generator=g)
+    adv = torch.randn(b, generator=g)
+    return lp, old, ref, adv
+
+
 def cases():
     """(name, seed, B, T, kind, rows of rank 0, what to do to rank 1's mask)."""
     return [
@@ -71,6 +80,34 @@ def main() -> None:
                     results[(name, scope, largest, ratio)] = (sel, thr)
         den = gmts.loss_denominator(m, None, "token-mean", "all", process_group=pg)
         results[(name, "denominator")] = den
+        # the whole step: GMTS selection + eq. 2 loss with the global denominator
+        lp, old, ref, adv = step_inputs(seed, b, t)
+        lp, old, ref, adv = lp[rows].clone().requires_grad_(True), old[rows], ref[rows], adv[rows]
+        objective = gmts.ObjectiveConfig(kl_coef=0.05)
+        result = gmts.select_for_update(
+            gmts.SelectionConfig(ratio=0.3),
+            objective,
+            logprobs=lp,
+            old_logprobs=old,
+            advantages=adv,
+            response_mask=m,
+            entropy=s.abs(),
+            ref_logprobs=ref,
+            process_group=pg,
+        )
+        den = gmts.loss_denominator(m, result.selected, "token-mean", "selected", pg)
+        loss, _ = gmts.policy_loss(
+            lp,
+            old,
+            adv,
+            m,
+            ref_logprobs=ref,
+            selected=result.selected,
+            denominator=den,
+            **objective.loss_kwargs(),
+        )
+        loss.backward()
+        results[(name, "step")] = (result.selected, result.threshold, float(loss), lp.grad)
     # bad input on one rank: every rank raises, nobody hangs
     scores = torch.randn(2, 3)
     if rank == 1:

@@ -83,6 +83,36 @@ def test_global_selection_equals_single_process(two_rank_results):
                             got = r[key][1]
                             assert (math.isnan(got) and math.isnan(thr)) or got == thr, key
                     checked += 1
+        # the whole step over ranks == one process on the concatenated batch
+        lp, old, ref, adv = worker.step_inputs(seed, b, t)
+        lp = lp.clone().requires_grad_(True)
+        objective = gmts.ObjectiveConfig(kl_coef=0.05)
+        result = gmts.select_for_update(
+            gmts.SelectionConfig(ratio=0.3),
+            objective,
+            logprobs=lp,
+            old_logprobs=old,
+            advantages=adv,
+            response_mask=mask,
+            entropy=scores.abs(),
+            ref_logprobs=ref,
+        )
+        loss, _ = gmts.policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            ref_logprobs=ref,
+            selected=result.selected,
+            **objective.loss_kwargs(),
+        )
+        loss.backward()
+        sel0, thr0, loss0, grad0 = r0[(name, "step")]
+        sel1, thr1, loss1, grad1 = r1[(name, "step")]
+        assert torch.equal(torch.cat([sel0, sel1]), result.selected), name
+        assert thr0 == thr1 == result.threshold or math.isnan(result.threshold), name
+        assert loss0 + loss1 == pytest.approx(loss.item(), rel=1e-6, abs=1e-7), name
+        torch.testing.assert_close(torch.cat([grad0, grad1]), lp.grad, rtol=1e-6, atol=1e-8)
         n_valid = float(mask.sum())
         assert r0[(name, "denominator")] == r1[(name, "denominator")] == max(n_valid, 1.0)
     assert checked == 5 * 3 * 2 * 3

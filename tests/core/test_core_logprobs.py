@@ -261,3 +261,20 @@ def test_every_kind_of_non_finite_logit_is_rejected(value, position):
     w[j, 0] = value  # a non-finite weight gives non-finite logits in every row
     with pytest.raises(ValueError, match="finite"):
         gmts.token_statistics_from_hidden(hidden, w, labels, chunk_size=4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_from_hidden_matches_naive(dtype):
+    hidden, weight, labels, upstream = _data(dtype, b=4, t=33, v=1000, h=64)
+    hidden, weight, labels, upstream = (x.cuda() for x in (hidden, weight, labels, upstream))
+    h1, w1 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    stats = gmts.token_statistics_from_hidden(h1, w1, labels, chunk_size=16)
+    gh, gw = torch.autograd.grad((stats.logprobs * upstream).sum(), (h1, w1))
+    h2, w2 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    lp, ent, _ = naive_statistics(h2 @ w2.T, labels)
+    rh, rw = torch.autograd.grad((lp * upstream).sum(), (h2, w2))
+    torch.testing.assert_close(stats.logprobs, lp.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(stats.entropy, ent, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gh.float(), rh.float(), **TOL[dtype])
+    torch.testing.assert_close(gw.float(), rw.float(), **TOL[dtype])

@@ -255,3 +255,34 @@ def test_more_than_two_to_the_24_tokens():
     flat_ties = ties.reshape(-1).nonzero().squeeze(1)
     assert 0 < flat_taken.numel() < flat_ties.numel()
     assert torch.equal(flat_taken, flat_ties[: flat_taken.numel()])
+
+
+def test_row_permutation_equivariance_for_distinct_scores():
+    """With distinct scores the tie rule is never used: permuting rows permutes the mask."""
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(7, 9, generator=g)
+    mask = torch.rand(7, 9, generator=g) < 0.7
+    groups = torch.tensor([3, 1, 3, 0, 1, 0, 3])
+    perm = torch.randperm(7, generator=g)
+    for scope in gmts.SCOPES:
+        for largest in (True, False):
+            kw = dict(largest=largest, scope=scope)
+            sel = gmts.select_tokens(scores, mask, 0.35, group_ids=groups, **kw)
+            sel_p = gmts.select_tokens(scores[perm], mask[perm], 0.35, group_ids=groups[perm], **kw)
+            assert torch.equal(sel_p, sel[perm])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    g = torch.Generator().manual_seed(3)
+    scores = torch.where(
+        torch.rand(64, 300, generator=g) < 0.5, 0.0, torch.rand(64, 300, generator=g)
+    )
+    mask = torch.rand(64, 300, generator=g) < 0.8
+    groups = torch.arange(64) // 16
+    for scope in gmts.SCOPES:
+        cpu = gmts.select_tokens(scores, mask, 0.2, scope=scope, group_ids=groups)
+        gpu = gmts.select_tokens(
+            scores.cuda(), mask.cuda(), 0.2, scope=scope, group_ids=groups.cuda()
+        )
+        assert gpu.is_cuda and torch.equal(gpu.cpu(), cpu)
