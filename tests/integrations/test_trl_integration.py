@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -243,3 +245,46 @@ def test_trl_two_processes_select_globally(model_dir, tmp_path):
     # DDP kept both replicas identical, and training moved them
     assert ranks[0]["checksum_after"] == pytest.approx(ranks[1]["checksum_after"], rel=1e-9)
     assert ranks[0]["checksum_after"] != ranks[0]["checksum_before"]
+
+
+TRL_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "trl").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", TRL_CONFIGS, ids=[c.stem for c in TRL_CONFIGS])
+def test_shipped_trl_configs_parse_into_a_valid_gmts_config(config):
+    from trl import TrlParser
+
+    from gmts.integrations.trl_cli import GMTSScriptArguments
+
+    parser = TrlParser((GMTSScriptArguments, GMTSGRPOConfig))
+    cpu = ["--bf16", "false", "--use_vllm", "false", "--use_cpu", "true"]
+    script, args = parser.parse_args_and_config(
+        args=["--config", str(config), "--train_file", "x.jsonl", *cpu]
+    )
+    check_trl_args(args)
+    assert isinstance(args.learning_rate, float)
+    assert (args.epsilon, args.epsilon_high, args.num_generations) == (0.2, 0.28, 16)
+    assert args.gmts_selection_config().ratio == 0.2
+    assert script.model_name_or_path.startswith("Qwen/")
+
+
+def test_cli_dataset_and_reward(tmp_path):
+    from gmts.integrations.trl_cli import GMTSScriptArguments, build_dataset, build_reward
+
+    rows = [{"problem": "What is 1+2?", "answer": "3"}, {"problem": "2*5?", "answer": "10"}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    script = GMTSScriptArguments(model_name_or_path="m", train_file=str(path))
+    chat = build_dataset(script)
+    assert chat[0]["prompt"][0]["role"] == "system" and "boxed" in chat[0]["prompt"][0]["content"]
+    assert chat[0]["prompt"][1]["content"].startswith("What is 1+2?")
+    plain = build_dataset(script, chat=False)
+    assert isinstance(plain[1]["prompt"], str) and "2*5?" in plain[1]["prompt"]
+    reward = build_reward("math")
+    done = [
+        [{"role": "assistant", "content": "so \\boxed{3}"}],
+        [{"role": "assistant", "content": "11"}],
+    ]
+    assert reward(done, answer=["3", "10"]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="column"):
+        build_dataset(GMTSScriptArguments(train_file=str(path), question_column="question"))
