@@ -18,6 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
+DEFAULT_BATCH_SIZE = {"hf": 64, "vllm": 8192}
+"""Sequences per generation call: vLLM schedules its own batches, so it gets many prompts."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -43,7 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--backend", default="hf", choices=["hf", "vllm"])
     parser.add_argument(
-        "--batch-size", type=int, default=64, help="sequences per generation call (hf backend)"
+        "--batch-size",
+        type=int,
+        default=None,
+        help="sequences per generation call (default: 64 with hf, 8192 with vllm)",
     )
     parser.add_argument(
         "--max-new-tokens", type=int, default=None, help="budget (default: per benchmark)"
@@ -51,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="hf backend: cpu, cuda, cuda:1, auto")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads for torch (default: torch's)"
+    )
     parser.add_argument("--name", default=None, help="row label in the table (default: folder)")
     parser.add_argument(
         "--code-timeout", type=float, default=10.0, help="seconds per program (code benchmarks)"
@@ -107,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             limit=args.limit,
             seed=args.seed,
-            batch_size=args.batch_size,
+            batch_size=args.batch_size or DEFAULT_BATCH_SIZE[args.backend],
             data_dir=args.data_dir,
             code_timeout=args.code_timeout,
         )
@@ -150,10 +159,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # other settings, or not a results file
         return _error(str(err))
 
+    if args.threads is not None:
+        if args.threads < 1:
+            return _error(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+
     from gmts.eval.backends import make_backend
 
     kwargs = (
-        {"device": args.device, "dtype": args.dtype, "batch_size": args.batch_size}
+        {"device": args.device, "dtype": args.dtype, "batch_size": config.batch_size}
         if args.backend == "hf"
         else {"dtype": args.dtype, "seed": args.seed}
     )
