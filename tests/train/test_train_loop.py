@@ -221,3 +221,31 @@ def test_dataset_training_with_template_and_position(tiny_dir, tmp_path):
     assert state["source"] == {"epoch": 0, "position": 8}  # 2 steps x 4 questions
     with pytest.raises(ValueError, match="neither a file nor a benchmark"):
         Trainer(_tiny.small_config(tiny_dir, tmp_path / "r2", "data.dataset=/no/such.jsonl"))
+
+
+def test_single_pass_mode_equals_separate_old_logprob_pass(tiny_dir):
+    """With one micro-batch and the rollout policy, the loss's own forward pass may supply the
+    old log-probs: same selection, same update as a separate no-grad pass."""
+    import dataclasses
+
+    from gmts.core.config import SelectionConfig
+    from gmts.train.distributed import DistInfo
+
+    out = []
+    for single_pass in (False, True):
+        model, batch, cfg = _fixed_batch(tiny_dir)
+        if single_pass:
+            batch = dataclasses.replace(batch, old_logprobs=None, old_entropy=None)
+        settings = UpdateSettings(
+            objective=cfg.objective,
+            selection=SelectionConfig(score="gmts", ratio=0.2),
+            micro_batch_size=16,
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        metrics, selected = update_minibatch(model, opt, batch, settings, info=DistInfo(), step=0)
+        out.append((_tiny.params_vector(model), selected, metrics))
+    assert torch.equal(out[0][1], out[1][1])
+    assert torch.allclose(out[0][0], out[1][0], atol=1e-6, rtol=0)
+    assert out[0][2]["select/gmts_ets_jaccard"] == pytest.approx(
+        out[1][2]["select/gmts_ets_jaccard"]
+    )

@@ -381,25 +381,25 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         micro = cfg.optim.micro_batch_size
         temp, chunk = cfg.rollout.temperature, cfg.model.logits_chunk_size
-        old = batched_statistics(
-            self.model,
-            batch,
-            micro_batch_size=micro,
-            temperature=temp,
-            chunk_size=chunk,
-            logit_grad_norm=needs_logit_grad_norm(cfg.selection),
-        )
-        batch.old_logprobs, batch.old_entropy = old.logprobs, old.entropy
-        batch.old_logit_grad_norm = old.logit_grad_norm
         if self.ref_model is not None:
             batch.ref_logprobs = batched_statistics(
                 self.ref_model, batch, micro_batch_size=micro, temperature=temp, chunk_size=chunk
             ).logprobs
-        mask = batch.response_mask
-        ent = all_reduce_sum(
-            torch.stack([(old.entropy.double() * mask).sum(), mask.sum().double()]), self.info
-        )
-        metrics["policy/entropy"] = (ent[0] / ent[1].clamp_min(1)).item()
+        # One update on one micro-batch: the loss's own forward pass gives the old log-probs
+        # (update_minibatch's single-pass mode). Otherwise a no-grad pass, micro-batched.
+        single_pass = self.minibatches == 1 and cfg.optim.epochs == 1 and batch.num_rows <= micro
+        old = None
+        if not single_pass:
+            old = batched_statistics(
+                self.model,
+                batch,
+                micro_batch_size=micro,
+                temperature=temp,
+                chunk_size=chunk,
+                logit_grad_norm=needs_logit_grad_norm(cfg.selection),
+            )
+            batch.old_logprobs, batch.old_entropy = old.logprobs, old.entropy
+            batch.old_logit_grad_norm = old.logit_grad_norm
 
         rows_per_mb = cfg.mini_batch_questions // self.info.world_size * cfg.rollout.group_size
         opt_step = step * self.minibatches * cfg.optim.epochs
@@ -409,15 +409,16 @@ class Trainer:
             for i in range(self.minibatches):
                 rows = slice(i * rows_per_mb, (i + 1) * rows_per_mb)
                 current = None
-                if epoch == 0 and i == 0:  # the policy has not changed since the rollout
+                if old is not None and epoch == 0 and i == 0:  # policy unchanged since rollout
                     lgn = old.logit_grad_norm
                     current = TokenStatistics(
                         old.logprobs[rows], old.entropy[rows], None if lgn is None else lgn[rows]
                     )
+                minibatch = batch if single_pass else batch.rows(rows)
                 m, _ = update_minibatch(
                     self.model,
                     self.optimizer,
-                    batch.rows(rows),
+                    minibatch,
                     self.settings,
                     info=self.info,
                     step=opt_step,
@@ -431,6 +432,12 @@ class Trainer:
                     if k == "update/skipped_nonfinite" or math.isfinite(v):
                         sums[k] = sums.get(k, 0.0) + v
                         counts[k] = counts.get(k, 0) + 1
+        mask = batch.response_mask  # old_entropy is filled in by now (single-pass mode too)
+        ent = all_reduce_sum(
+            torch.stack([(batch.old_entropy.double() * mask).sum(), mask.sum().double()]),
+            self.info,
+        )
+        metrics["policy/entropy"] = (ent[0] / ent[1].clamp_min(1)).item()
         for k, v in sums.items():
             metrics[k] = v if k == "update/skipped_nonfinite" else v / counts[k]
         self.skipped_total += int(sums.get("update/skipped_nonfinite", 0))

@@ -217,7 +217,11 @@ def update_minibatch(
     """One optimizer step on ``batch`` (this rank's share of one mini-batch).
 
     Args:
-        batch: rows with ``old_logprobs`` (and ``ref_logprobs`` when KL is on) filled in.
+        batch: rows with ``old_logprobs`` (and ``ref_logprobs`` when KL is on) filled in; or
+            with ``old_logprobs`` None when the policy IS the rollout policy and the batch is
+            one micro-batch (one update per rollout, the paper's default): then one forward
+            pass with gradients gives the old log-probs, the scores and the loss, and
+            ``batch.old_logprobs`` / ``batch.old_entropy`` are filled in from it.
         current: the current policy's no-grad statistics of ``batch`` if already known (the
             first mini-batch after a rollout); None computes them when the score needs them.
         step: the optimizer-step index (seeds the random score).
@@ -232,6 +236,20 @@ def update_minibatch(
     objective = settings.objective
     group = info.group
     mask = batch.response_mask
+    fused = None  # statistics with gradients, reused by the loss (single-pass mode)
+    if batch.old_logprobs is None:
+        if batch.num_rows > settings.micro_batch_size:
+            raise ValueError("old_logprobs may be None only for a single micro-batch")
+        fused = policy_statistics(
+            model,
+            batch,
+            temperature=settings.temperature,
+            chunk_size=settings.chunk_size,
+            logit_grad_norm=needs_logit_grad_norm(sel),
+        )
+        batch.old_logprobs = fused.logprobs.detach()
+        batch.old_entropy = fused.entropy
+        current = TokenStatistics(batch.old_logprobs, fused.entropy, fused.logit_grad_norm)
     if current is None and (sel.score != "none"):
         current = batched_statistics(
             model,
@@ -261,7 +279,7 @@ def update_minibatch(
     weight_total = 0.0
     for s in micro_slices(batch.num_rows, settings.micro_batch_size):
         micro = batch.rows(s)
-        stats = policy_statistics(
+        stats = fused or policy_statistics(
             model, micro, temperature=settings.temperature, chunk_size=settings.chunk_size
         )
         loss, loss_metrics = policy_loss(
