@@ -131,7 +131,7 @@ def worker(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> 
 # the driver (run.py calls run())
 
 
-def _spawn(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> dict[str, Any]:
+def _start(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> subprocess.Popen:
     from common import python_env
 
     cmd = [
@@ -145,45 +145,76 @@ def _spawn(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> 
         f"--repeats={repeats}",
         f"--threads={threads}",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=python_env())
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env()
+    )
+
+
+def _finish(variant: str, proc: subprocess.Popen) -> dict[str, Any]:
+    from common import summarize_times
+
+    stdout, stderr = proc.communicate()
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        tail = (stderr or stdout).strip().splitlines()[-5:]
         return {"variant": variant, "ok": False, "error": " | ".join(tail)}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(stdout.strip().splitlines()[-1])
     result["ok"] = True
+    result.update(summarize_times(result.pop("times_s")))
     return result
 
 
+def memory_need(variant: str, n: int, v: int, h: int) -> int:
+    """Rough peak bytes of one worker: parameters, gradients and the (N, V) float32 blocks.
+
+    naive holds about three (N, V) tensors at once (log-softmax, its gradient and the gradient
+    of the logits), chunked two (the logits and their gradient), from_hidden none.
+    """
+    blocks = {"naive": 3, "chunked": 2, "from_hidden": 0}[variant]
+    return blocks * n * v * 4 + 3 * v * h * 4 + 4 * n * h * 4
+
+
 def run(options) -> dict[str, Any]:
-    from common import MEMORY_CAP_BYTES, goal, mem_available_bytes, ratio, summarize_times
+    from common import MEMORY_CAP_BYTES, goal, mem_available_bytes, ratio
 
     if options.quick:
         n, v, h, repeats = 256, 8192, 128, 2
     else:
         n, v, h, repeats = 4096, 151_936, 1536, options.extra.get("logprobs_repeats", 2)
-    # naive holds about three (N, V) float32 tensors at once (log-softmax, its gradient and
-    # the gradient of the logits); refuse to start it when the machine cannot spare them.
-    naive_need = 3 * n * v * 4 + 2 * v * h * 4
-    rows = []
-    for variant in VARIANTS:
+    # Variants run one after another, or with --logprobs-parallel naive and from_hidden
+    # together (then chunked) when the machine has the memory for both: on a loaded machine
+    # that gets the single-repeat figures in a third less wall time.
+    if options.extra.get("logprobs_parallel"):
+        waves = [("naive", "from_hidden"), ("chunked",)]
+    else:
+        waves = [(name,) for name in VARIANTS]
+    rows_by_name: dict[str, dict[str, Any]] = {}
+    for wave in waves:
         available = mem_available_bytes()
-        if variant == "naive" and (
-            naive_need > MEMORY_CAP_BYTES
-            or (available is not None and available < naive_need * 1.3)
-        ):
-            rows.append(
-                {
-                    "variant": variant,
-                    "ok": False,
-                    "error": f"skipped: needs ~{naive_need / 2**30:.1f} GiB, "
-                    f"{(available or 0) / 2**30:.1f} GiB available",
-                }
-            )
-            continue
-        row = _spawn(variant, n, v, h, repeats, options.threads)
-        if row.get("ok"):
-            row.update(summarize_times(row.pop("times_s")))
-        rows.append(row)
+        need = sum(memory_need(name, n, v, h) for name in wave)
+        if len(wave) > 1 and available is not None and available < need * 1.3:
+            wave_groups = [(name,) for name in wave]  # not enough memory: one at a time
+        else:
+            wave_groups = [wave]
+        for group in wave_groups:
+            started = {}
+            for name in group:
+                need_one = memory_need(name, n, v, h)
+                available = mem_available_bytes()
+                if need_one > MEMORY_CAP_BYTES or (
+                    available is not None and available < need_one * 1.3
+                ):
+                    rows_by_name[name] = {
+                        "variant": name,
+                        "ok": False,
+                        "error": f"skipped: needs ~{need_one / 2**30:.1f} GiB, "
+                        f"{(available or 0) / 2**30:.1f} GiB available",
+                    }
+                    continue
+                started[name] = _start(name, n, v, h, repeats, options.threads)
+            for name, proc in started.items():
+                rows_by_name[name] = _finish(name, proc)
+                rows_by_name[name]["concurrent_with"] = [x for x in started if x != name]
+    rows = [rows_by_name[name] for name in VARIANTS]
 
     by_name = {r["variant"]: r for r in rows}
     naive, hidden_row = by_name["naive"], by_name["from_hidden"]

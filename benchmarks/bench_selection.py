@@ -4,7 +4,9 @@ Compares, on the same (B, T) scores and response mask:
 - ``gmts.select_tokens`` (the library's exact top-k selection),
 - the ``torch.quantile`` threshold TRL uses (``scores >= quantile(valid scores, 1 - rho)``),
   which raises above 2**24 elements: the failure is recorded as the result,
-- a full sort of the valid scores (threshold = the k-th largest value).
+- a full sort of the valid scores (threshold = the k-th largest value),
+- for reference, ``torch.kthvalue`` of the valid scores (linear-time selection; keeps ties, so
+  it is not an exact-count selection), to show what a threshold-only method costs.
 
 Scores are i.i.d. uniform floats (``torch.rand``: multiples of 2**-24, so ties do occur at 16M+); about 3/4 of each row is valid (right padding with
 random lengths). Each figure is the median over repeats, after one untimed warm-up round; the three methods
@@ -48,6 +50,15 @@ def sort_select(scores: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.T
     return (scores >= threshold) & mask  # (B, T)
 
 
+def kthvalue_threshold(scores: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
+    """Reference only: the k-th largest valid score by ``torch.kthvalue`` (linear-time
+    selection), keeping ``>=`` it (ties may exceed k; not an exact-count selection)."""
+    valid = scores[mask]  # (n_valid,)
+    k = max(1, math.ceil(rho * valid.numel()))
+    threshold = torch.kthvalue(valid, valid.numel() - k + 1).values
+    return (scores >= threshold) & mask  # (B, T)
+
+
 def run(options: BenchOptions) -> dict[str, Any]:
     select_tokens = core_api("select_tokens")
 
@@ -79,6 +90,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 "select_tokens": lambda s=scores, m=mask: select_tokens(s, m, RATIO),
                 "quantile": lambda s=scores, m=mask: quantile_select(s, m, RATIO),
                 "sort": lambda s=scores, m=mask: sort_select(s, m, RATIO),
+                "kthvalue": lambda s=scores, m=mask: kthvalue_threshold(s, m, RATIO),
             },
             repeats=repeats,
         )
@@ -86,6 +98,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         ours = row["select_tokens"].get("median_s")
         row["speedup_vs_quantile"] = ratio(row["quantile"].get("median_s"), ours)
         row["speedup_vs_sort"] = ratio(row["sort"].get("median_s"), ours)
+        row["speedup_vs_kthvalue"] = ratio(row["kthvalue"].get("median_s"), ours)
         rows.append(row)
         print(f"  selection N={n_tokens}: {row['speedup_vs_quantile']} x vs quantile", flush=True)
         del scores, mask

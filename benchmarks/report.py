@@ -61,6 +61,7 @@ def render_selection(record: dict[str, Any]) -> str:
                 _measured(r["select_tokens"]),
                 _measured(r["quantile"]),
                 _measured(r["sort"]),
+                _measured(r["kthvalue"]) if "kthvalue" in r else "—",
                 _fmt_x(r["speedup_vs_quantile"]),
                 _fmt_x(r["speedup_vs_sort"]),
                 "yes" if r["exact_count"] and r["is_top_k"] else "NO",
@@ -72,6 +73,7 @@ def render_selection(record: dict[str, Any]) -> str:
         "select_tokens",
         "torch.quantile (TRL)",
         "full sort",
+        "torch.kthvalue (reference)",
         "speed-up vs quantile",
         "speed-up vs sort",
         "exact top-k",
@@ -142,9 +144,147 @@ def render_goals(record: dict[str, Any]) -> str:
     return "\n\n" + _table(["goal", "target", "measured", "status"], rows)
 
 
+def render_overhead(record: dict[str, Any]) -> str:
+    s = record["settings"]
+    rows = []
+    for r in record["rows"]:
+        rows.append(
+            [
+                r["variant"],
+                _fmt_s(r["update"]["median_s"]),
+                _fmt_x(r["update_vs_none"], 3),
+                _fmt_x(r["update_vs_none_paired_median"], 3),
+                _fmt_s(r["step"]["median_s"]),
+                _fmt_x(r["step_vs_none"], 3),
+                _fmt_x(r["step_vs_none_paired_median"], 3),
+                f"{r['selected_fraction']:.3f}",
+            ]
+        )
+    header = [
+        "variant",
+        "step w/o rollout",
+        "vs none",
+        "vs none (paired)",
+        "whole step",
+        "vs none",
+        "vs none (paired)",
+        "selected fraction",
+    ]
+    head = (
+        f"{s['algorithm'].upper()}, {s['questions']} questions x {s['group_size']} samples, "
+        f"ratio {s['ratio']}, {s['repeats']} rounds (medians; 'paired' = median over rounds of "
+        f"the per-round ratio to 'none', whose rollout is identical).\n\n"
+    )
+    return head + _table(header, rows)
+
+
+def render_throughput(record: dict[str, Any]) -> str:
+    s = record["settings"]
+    rows = []
+    for r in record["rows"]:
+        for side, name in (("ours", "gmts Trainer"), ("trl", "TRL GRPOTrainer")):
+            d = r[side]
+            rows.append(
+                [
+                    r["setting"],
+                    name,
+                    _fmt_s(d["step"]["median_s"]),
+                    f"{d['mean_completion_length']:.2f}",
+                    f"{d['tokens_per_s_median']:.0f}",
+                    _fmt_x(r["throughput_vs_trl"]) if side == "ours" else "1.00x",
+                    _fmt_x(r["paired_throughput_vs_trl_median"]) if side == "ours" else "",
+                ]
+            )
+    header = [
+        "setting",
+        "trainer",
+        "step time (median)",
+        "mean completion length",
+        "completion tokens/s (median)",
+        "tokens/s vs TRL",
+        "paired",
+    ]
+    head = (
+        f"{s['questions']} questions x {s['group_size']} samples per step, "
+        f"{s['timed_steps']} timed steps each (interleaved), lr {s['lr']}.\n\n"
+    )
+    return head + _table(header, rows)
+
+
+def _mean_std(cell: dict[str, Any] | None) -> str:
+    if not cell or not cell.get("n"):
+        return "—"
+    text = f"{100 * cell['mean']:.1f}"
+    if cell.get("std") is not None:
+        text += f" ± {100 * cell['std']:.1f}"
+    return text + f" (n={cell['n']})"
+
+
+def render_learning(record: dict[str, Any]) -> str:
+    s = record["settings"]
+    cells = record["summary"]["cells"]
+    warm = record["summary"].get("warm_start_average") or {}
+    parts = [
+        f"Plan `{s['plan']}`: {s['runs_done']} of {s['runs_in_plan']} runs; {s['steps']} steps x "
+        f"{s['questions']} questions x {s['group_size']} samples, lr {s['lr']}; held-out "
+        f"average@{s['eval_samples']} (%) on {s['eval_questions']} questions, mean ± std over "
+        f"RL seeds (n = seeds). Warm start (before RL): {_mean_std(warm)}."
+    ]
+    t1 = [
+        [alg.upper()]
+        + [
+            _mean_std(cells.get(alg, {}).get(k))
+            for k in ("all tokens", "ETS top 0.2", "GMTS top 0.2")
+        ]
+        for alg in ("grpo", "dapo")
+        if alg in cells
+    ]
+    parts.append(
+        "**Table 1 layout** (top 20%):\n\n"
+        + _table(["algorithm", "all tokens", "+ETS 20%", "+GMTS 20%"], t1)
+    )
+    dapo = cells.get("dapo", {})
+    ratios = sorted({float(k.split()[-1]) for k in dapo if " top " in k})
+    if ratios:
+        t7 = [
+            [
+                f"{r:g}",
+                _mean_std(dapo.get(f"ETS top {r:g}")),
+                _mean_std(dapo.get(f"GMTS top {r:g}")),
+            ]
+            for r in ratios
+        ]
+        parts.append(
+            "**Table 7 layout** (DAPO, top ratio sweep):\n\n" + _table(["ratio", "ETS", "GMTS"], t7)
+        )
+    bottoms = sorted({float(k.split()[-1]) for k in dapo if " bottom " in k})
+    if bottoms:
+        t6 = [
+            [
+                f"bottom {r:g}",
+                _mean_std(dapo.get(f"ETS bottom {r:g}")),
+                _mean_std(dapo.get(f"GMTS bottom {r:g}")),
+            ]
+            for r in bottoms
+        ]
+        parts.append(
+            "**Table 6 layout** (DAPO, bottom selection):\n\n"
+            + _table(["selection", "ETS", "GMTS"], t6)
+        )
+    if record.get("failures"):
+        parts.append("Failed runs: " + "; ".join(record["failures"]))
+    for fig in record.get("figures", []):
+        rel = fig.replace("docs/", "", 1)
+        parts.append(f"![learning curves]({rel})")
+    return "\n\n".join(parts)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "selection": render_selection,
     "logprobs": render_logprobs,
+    "overhead": render_overhead,
+    "throughput": render_throughput,
+    "learning": render_learning,
 }
 
 
@@ -165,6 +305,42 @@ def render(record: dict[str, Any]) -> str:
     return provenance + "\n\n" + body
 
 
+def render_machine(records: list[dict[str, Any]]) -> str:
+    """The machine (from the first record) and the load during every benchmark."""
+    if not records:
+        return "_no results yet_"
+    m = records[0].get("machine", {})
+    lines = [
+        f"- `nproc`: {m.get('nproc')}; {m.get('platform')}; Python {m.get('python')}, "
+        f"torch {m.get('torch')}; GPU: {'yes' if m.get('gpu') else 'none'}.",
+        "- `lscpu | head`:",
+        "",
+        "```",
+        *m.get("lscpu_head", []),
+        "```",
+        "",
+        "- `free -g`: `" + " / ".join(" ".join(x.split()) for x in m.get("memory", [])) + "`",
+        "- Load (`uptime`) before and after each benchmark:",
+        "",
+    ]
+    rows = [
+        [
+            r.get("benchmark", "?"),
+            r.get("date", "?"),
+            f"{r.get('wall_s', '?')} s",
+            "`" + r.get("machine", {}).get("uptime", "?").split("load average:")[-1].strip() + "`",
+            "`" + str(r.get("uptime_after", "?")).split("load average:")[-1].strip() + "`",
+        ]
+        for r in records
+    ]
+    lines.append(
+        _table(
+            ["benchmark", "started (UTC)", "wall", "load before (1/5/15 min)", "load after"], rows
+        )
+    )
+    return "\n".join(lines)
+
+
 def update_results_doc(results_dir: Path, doc: Path = DOC) -> list[str]:
     """Replace every generated block of ``doc`` whose JSON exists; return the names updated."""
     if not doc.exists():
@@ -183,6 +359,19 @@ def update_results_doc(results_dir: Path, doc: Path = DOC) -> list[str]:
         block = render(json.loads(path.read_text()))
         text = pattern.sub(lambda m, b=block: m.group(1) + b + m.group(2), text)
         updated.append(name)
+    order = ["selection", "logprobs", "overhead", "throughput", "learning"]
+    records = [
+        json.loads((results_dir / f"{n}.json").read_text())
+        for n in order
+        if (results_dir / f"{n}.json").exists()
+    ]
+    machine = re.compile(
+        r"(<!-- results:machine:begin -->\n).*?(\n<!-- results:machine:end -->)", re.S
+    )
+    if machine.search(text):
+        block = render_machine(records)
+        text = machine.sub(lambda m: m.group(1) + block + m.group(2), text)
+        updated.append("machine")
     doc.write_text(text)
     print(f"[report] refreshed {doc.name}: {', '.join(updated) or 'nothing'}")
     return updated

@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--logprobs-repeats", type=int, default=2, help="timed fwd+bwd runs per variant"
     )
     parser.add_argument(
+        "--logprobs-parallel",
+        action="store_true",
+        help="run the naive and from-hidden workers at the same time (memory permitting)",
+    )
+    parser.add_argument(
         "--learning-plan",
         default="subset",
         help="learning sweep: 'full' (Tables 1, 6, 7: ~2 h on 2 idle cores), 'subset' "
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=out_dir,
         extra={
             "logprobs_repeats": args.logprobs_repeats,
+            "logprobs_parallel": args.logprobs_parallel,
             "learning_plan": args.learning_plan,
             "learning_steps": args.learning_steps,
             "learning_jobs": args.learning_jobs,
@@ -105,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/run.py " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )
+    commit = git_commit()  # the code that runs (benchmark edits after this are not in it)
     failures = 0
     for name in names:
         print(f"[bench] {name} ...", flush=True)
@@ -127,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 "quick": args.quick,
                 "threads": args.threads,
                 "date": utc_now(),
-                "commit": git_commit(),
+                "commit": commit,
                 "wall_s": round(time.perf_counter() - start, 2),
                 "machine": machine_before,
                 "uptime_after": machine_description()["uptime"],

@@ -15,6 +15,7 @@ import pytest
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH_DIR))
 
+import bench_learning  # noqa: E402
 import bench_logprobs  # noqa: E402
 import report  # noqa: E402
 import run as bench_run  # noqa: E402
@@ -63,3 +64,36 @@ def test_logprob_variants_agree_in_process() -> None:
         for key, value in result["checks"].items():
             assert value == pytest.approx(naive[key], rel=1e-4, abs=1e-4), (name, key)
         assert result["peak_beyond_params_grads_bytes"] is not None
+
+
+def test_learning_plans_and_specs() -> None:
+    full = bench_learning.plan("full")
+    assert len(full) == 42  # 18 (Table 1) + 18 (Table 7, 0.2 shared with Table 1) + 6 (Table 6)
+    assert len({spec.run_id for spec in full}) == len(full)
+    subset_ids = {spec.run_id for spec in bench_learning.plan("subset")}
+    assert subset_ids <= {spec.run_id for spec in full}
+    spec = bench_learning.RunSpec.parse("dapo:gmts:0.8:bottom:2")
+    assert (spec.algorithm, spec.score, spec.ratio, spec.bottom, spec.seed) == (
+        "dapo",
+        "gmts",
+        0.8,
+        True,
+        2,
+    )
+    assert spec.label == "GMTS bottom 0.8"
+    with pytest.raises(ValueError, match="score"):
+        bench_learning.RunSpec.parse("dapo:nope:0.2:0")
+    with pytest.raises(ValueError, match="expected"):
+        bench_learning.RunSpec.parse("dapo:gmts:0.2")
+
+
+def test_learning_aggregate_mean_and_spread() -> None:
+    def record(seed: int, value: float) -> dict:
+        spec = bench_learning.RunSpec("dapo", "gmts", 0.2, False, seed)
+        return {"spec": bench_learning.asdict(spec), "eval_after": {"average@16": value}}
+
+    summary = bench_learning.aggregate([record(0, 0.5), record(1, 0.7)])
+    cell = summary["cells"]["dapo"]["GMTS top 0.2"]
+    assert cell["n"] == 2
+    assert cell["mean"] == pytest.approx(0.6)
+    assert cell["std"] == pytest.approx(0.1414213, rel=1e-5)

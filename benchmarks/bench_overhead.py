@@ -1,0 +1,147 @@
+"""Item 3: the cost of token selection inside a full training step (tiny model, CPU).
+
+Every variant is a ``gmts.train.trainer.Trainer`` built from the same warm start with the same
+seed; they differ only in ``selection.score``:
+
+- ``none``: all tokens (the baseline),
+- ``entropy``: ETS top 20%,
+- ``gmts``: GMTS top 20% (|entropy x omega|),
+- ``gmts+metrics``: GMTS with the default selection logging on (GMTS-vs-ETS Jaccard overlap,
+  which runs two more selections per step).
+
+Each round restores every trainer to the same weights and optimizer state and then runs one
+``train_step(0)`` per variant, the variants in rotating order. The same weights, the same
+sampling seed and the same question stream make the rollouts of all variants identical, so the
+difference between variants is the selection alone. "Rollout excluded" is the trainer's own
+``time/update_s`` (old log-probs pass + scoring + selection + loss + backward + optimizer step);
+"rollout included" is ``time/step_s`` (sampling and rewards too).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from common import BenchOptions, goal, ratio, summarize_times
+from tiny_setup import StepShape, train_config, warm_model_path
+
+VARIANTS = {  # name -> (selection score, selection logging on)
+    "none": ("none", False),
+    "entropy": ("entropy", False),
+    "gmts": ("gmts", False),
+    "gmts+metrics": ("gmts", True),
+}
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    import torch
+
+    from gmts.train.trainer import Trainer
+
+    torch.set_num_threads(options.threads)
+    shape = StepShape(questions=8, group_size=4) if options.quick else StepShape()
+    repeats = 2 if options.quick else int(options.extra.get("overhead_repeats", 20))
+    model_path = warm_model_path()
+    trainers: dict[str, Any] = {}
+    initial: dict[str, tuple[dict, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="gmts-bench-overhead-") as tmp:
+        for name, (score, metrics_on) in VARIANTS.items():
+            cfg = train_config(
+                model_path,
+                Path(tmp) / name.replace("+", "_"),
+                score=score,
+                shape=shape,
+                overlap_metrics=metrics_on,
+            )
+            trainer = Trainer(cfg)
+            trainers[name] = trainer
+            initial[name] = (
+                copy.deepcopy(trainer.model.state_dict()),
+                copy.deepcopy(trainer.optimizer.state_dict()),
+            )
+        samples: dict[str, dict[str, list[float]]] = {
+            name: {"update": [], "step": [], "rollout": [], "tokens": [], "selected": []}
+            for name in VARIANTS
+        }
+        names = list(VARIANTS)
+        for round_index in range(1 + repeats):  # round 0 is a warm-up
+            order = names[round_index % len(names) :] + names[: round_index % len(names)]
+            for name in order:
+                trainer = trainers[name]
+                model_state, optim_state = initial[name]
+                trainer.model.load_state_dict(model_state)
+                trainer.optimizer.load_state_dict(optim_state)
+                metrics = trainer.train_step(0)
+                if round_index == 0:
+                    continue
+                s = samples[name]
+                s["update"].append(metrics["time/update_s"])
+                s["step"].append(metrics["time/step_s"])
+                s["rollout"].append(metrics["time/rollout_s"])
+                s["tokens"].append(metrics["response/tokens"])
+                s["selected"].append(metrics.get("select/fraction", 1.0))
+        for trainer in trainers.values():
+            trainer.logger.close()
+
+    rows = []
+    base = samples["none"]
+    base_update = summarize_times(base["update"])["median_s"]
+    base_step = summarize_times(base["step"])["median_s"]
+    for name, s in samples.items():
+        update = summarize_times(s["update"])
+        step = summarize_times(s["step"])
+        rows.append(
+            {
+                "variant": name,
+                "score": VARIANTS[name][0],
+                "selection_logging": VARIANTS[name][1],
+                "update": update,
+                "step": step,
+                "rollout_median_s": summarize_times(s["rollout"])["median_s"],
+                "tokens_per_step": sum(s["tokens"]) / len(s["tokens"]),
+                "selected_fraction": sum(s["selected"]) / len(s["selected"]),
+                "update_vs_none": ratio(update["median_s"], base_update),
+                "step_vs_none": ratio(step["median_s"], base_step),
+                # paired per round (same rollout): a steadier estimate on a noisy machine
+                "update_vs_none_paired_median": _paired(s["update"], base["update"]),
+                "step_vs_none_paired_median": _paired(s["step"], base["step"]),
+            }
+        )
+    goals = []
+    if not options.quick:
+        gmts_row = next(r for r in rows if r["variant"] == "gmts")
+        for label, key in (
+            ("rollout excluded", "update_vs_none"),
+            ("rollout included", "step_vs_none"),
+        ):
+            value = gmts_row[key]
+            goals.append(
+                goal(
+                    f"GMTS step time vs no selection ({label})",
+                    "<= 1.05x",
+                    f"{value:.3f}x (paired {gmts_row[key + '_paired_median']:.3f}x)",
+                    value <= 1.05,
+                )
+            )
+    return {
+        "settings": {
+            "model": "embedded warm start (GPT-2, 2 layers, width 128)",
+            "task": "addition",
+            "algorithm": "dapo",
+            "questions": shape.questions,
+            "group_size": shape.group_size,
+            "ratio": 0.2,
+            "repeats": repeats,
+        },
+        "rows": rows,
+        "goals": goals,
+    }
+
+
+def _paired(values: list[float], baseline: list[float]) -> float:
+    """Median over rounds of value / baseline of the same round."""
+    import statistics
+
+    return statistics.median(v / b for v, b in zip(values, baseline))
