@@ -107,3 +107,47 @@ def test_two_processes_equal_one_process(tmp_path):
     assert not torch.equal(start, one["params"])
     assert r0["metrics"]["select/fraction"] == pytest.approx(one["metrics"]["select/fraction"])
     assert r0["metrics"]["update/loss"] == pytest.approx(one["metrics"]["update/loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_end_to_end(tmp_path):
+    """`torchrun --nproc_per_node 2 -m gmts train` runs DAPO (collective dynamic sampling),
+    writes one metrics row per step from rank 0 and a checkpoint."""
+    from gmts.train.checkpoint import list_checkpoints
+    from gmts.train.metrics_log import read_metrics
+
+    model_dir = _tiny.save_tiny_model(tmp_path / "model")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={_free_port()}",
+            "-m",
+            "gmts",
+            "train",
+            f"model.path={model_dir}",
+            f"logging.output_dir={run_dir}",
+            "logging.progress=false",
+            "algorithm=dapo",
+            "rollout.questions_per_batch=4",
+            "rollout.group_size=4",
+            "rollout.max_sampling_rounds=2",
+            "optim.mini_batch_questions=2",
+            "optim.micro_batch_size=4",
+            "optim.steps=2",
+            "data.eval_questions=4",
+            "data.eval_samples=2",
+        ],
+        check=True,
+        env=env,
+        timeout=600,
+    )
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0 < r["select/fraction"] <= 0.3 for r in rows)
+    assert [s for s, _ in list_checkpoints(run_dir)] == [2]
+    assert len(read_metrics(run_dir, "eval.jsonl")) == 2  # before and after
