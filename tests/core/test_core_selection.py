@@ -286,3 +286,11 @@ def test_cuda_matches_cpu():
             scores.cuda(), mask.cuda(), 0.2, scope=scope, group_ids=groups.cuda()
         )
         assert gpu.is_cuda and torch.equal(gpu.cpu(), cpu)
+
+
+def test_numpy_ratios_use_their_shortest_decimal():
+    np = pytest.importorskip("numpy")
+    assert gmts.selection_count(10, np.float32(0.2)) == 2  # float32 0.2 is 0.2000000029...
+    assert gmts.selection_count(10, np.float64(0.7)) == 7
+    sel = gmts.select_tokens(torch.randn(2, 5), torch.ones(2, 5, dtype=torch.bool), np.float32(0.2))
+    assert int(sel.sum()) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -70,7 +71,7 @@ class SelectionConfig:
             raise ValueError(f"unknown score {self.score!r}; valid scores: {valid_scores}")
         if (
             isinstance(self.ratio, bool)
-            or not isinstance(self.ratio, (int, float))
+            or not isinstance(self.ratio, numbers.Real)
             or not (math.isfinite(self.ratio) and 0 < self.ratio <= 1)
         ):
             raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")

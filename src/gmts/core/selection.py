@@ -20,6 +20,7 @@ row-major order of the global batch is selected first.
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 from typing import Any
 
@@ -35,13 +36,16 @@ _RADIX = 1 << _DIGIT_BITS
 
 
 def _ratio_fraction(ratio: float) -> Fraction:
-    """The ratio as the exact decimal the user wrote (repr), so 0.1 * 10 -> exactly 1."""
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+    """The ratio as the exact decimal the user wrote (its shortest repr), so 0.1 * 10 -> 1."""
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):  # numpy scalars too
         raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
     value = float(ratio)
     if not (math.isfinite(value) and 0.0 < value <= 1.0):
         raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
-    return Fraction(repr(value))
+    try:  # str() is the shortest decimal in the number's own precision (np.float32(0.2) -> 0.2)
+        return Fraction(str(ratio))
+    except ValueError:
+        return Fraction(repr(value))
 
 
 def selection_count(n: int, ratio: float) -> int:
@@ -98,6 +102,7 @@ def _keys_to_values(keys: torch.Tensor, dtype: torch.dtype, largest: bool) -> to
     return (keys ^ ((keys >> (nbits - 1)) & low)).view(dtype)
 
 
+@torch.no_grad()
 def _local_error(scores: Any, mask: Any, scope: str, group_ids: Any) -> str | None:
     """Validate the per-rank inputs; return an error message instead of raising (see caller)."""
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
