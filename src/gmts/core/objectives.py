@@ -386,7 +386,9 @@ def loss_denominator(
 
     Call it once on the full mini-batch, before splitting into micro-batches, and pass the
     result as ``policy_loss(..., denominator=...)`` to every micro-batch: the micro-batch losses
-    then add up to the loss of the whole mini-batch (values and gradients).
+    then add up to the loss of the whole mini-batch (values and gradients). With a process
+    group the per-rank losses add up to the global loss, so gradients must be SUMMED over
+    ranks; DDP averages them, so under DDP multiply the loss by the world size.
 
     Counting set C = ``mask & selected`` if ``selected`` is given and ``normalize='selected'``,
     else ``mask``. token-mean: |C|; seq-mean-*: number of rows with at least one token in C;
