@@ -249,3 +249,22 @@ def test_single_pass_mode_equals_separate_old_logprob_pass(tiny_dir):
     assert out[0][2]["select/gmts_ets_jaccard"] == pytest.approx(
         out[1][2]["select/gmts_ets_jaccard"]
     )
+
+
+def test_reward_errors_and_overlong_penalty_by_hand():
+    import math
+
+    from gmts.train.collect import overlong_penalty, score_rewards
+
+    def reward(completion: str, answer: str) -> float:
+        if completion == "boom":
+            raise RuntimeError("verifier crashed")
+        return math.nan if completion == "nan" else float(completion == answer)
+
+    values, errors = score_rewards(reward, ["1", "boom", "2", "nan"], ["1", "1", "1", "1"])
+    assert values.tolist() == [1.0, 0.0, 0.0, 0.0] and errors == 2
+    # L_max 10, buffer 4: no penalty up to 6 tokens, then linear to -0.5 at 10
+    lengths = torch.tensor([3, 6, 7, 8, 10])
+    got = overlong_penalty(lengths, max_new_tokens=10, buffer=4, penalty=0.5)
+    assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5]))
+    assert overlong_penalty(lengths, 10, 0, 1.0).abs().sum() == 0

@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from gmts.core.advantages import dynamic_sampling_keep, group_advantages
 from gmts.core.logprobs import TokenStatistics
 from gmts.train import checkpoint as ckpt
 from gmts.train.batch import TrainBatch
+from gmts.train.collect import collect_batch
 from gmts.train.config import TrainConfig, dump_yaml
 from gmts.train.distributed import (
     DistInfo,
@@ -130,10 +130,6 @@ def lr_lambda(cfg: TrainConfig, total_steps: int):
         return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
-
-
-def _sampling_seed(seed: int, step: int, round_: int, rank: int) -> int:
-    return (seed * 1_000_003 + step * 7_919 + round_ * 104_729 + rank * 15_485_863) % (2**31 - 1)
 
 
 class Trainer:
@@ -247,130 +243,20 @@ class Trainer:
                 truncate_metrics(self.run_dir, self.step, EVAL_FILE)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
-    # ------------------------------------------------------------------ rollout and rewards
-
-    def _rewards(self, completions: list[str], answers: list[str]) -> tuple[torch.Tensor, int]:
-        values, errors = [], 0
-        for completion, answer in zip(completions, answers):
-            try:
-                value = float(self.reward_fn(completion, answer))
-                if not math.isfinite(value):
-                    raise ValueError("non-finite reward")
-            except Exception:  # any failure of a user reward: 0 for this sample, counted
-                value, errors = 0.0, errors + 1
-            values.append(value)
-        return torch.tensor(values, dtype=torch.float32), errors
-
-    def _overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor:
-        """DAPO soft overlong punishment: 0 up to L_max - L_cache, then linear to -penalty."""
-        r = self.cfg.rollout
-        if r.overlong_buffer == 0:
-            return torch.zeros(lengths.shape, dtype=torch.float32)
-        start = self.max_new_tokens - r.overlong_buffer
-        frac = ((lengths.float().cpu() - start) / r.overlong_buffer).clamp(0.0, 1.0)
-        return -r.overlong_penalty * frac
-
     def collect(self, step: int) -> tuple[TrainBatch, dict[str, float]]:
-        """This rank's rollout batch for ``step`` (dynamic sampling included) and its metrics."""
-        from gmts.train.rollout import Rollout, generate_rollouts
-
-        cfg, r, info = self.cfg, self.cfg.rollout, self.info
-        G = r.group_size
-        n_local = r.questions_per_batch // info.world_size
-        kept: list[tuple[Any, torch.Tensor, torch.Tensor]] = []  # (rollout, reward, raw reward)
-        dropped: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
-        have = generated = errors = 0
-        rounds = 0
-        while True:
-            problems = self.source.next(r.questions_per_batch)  # identical on every rank
-            mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
-            if have < n_local:
-                roll = generate_rollouts(
-                    self.model,
-                    self.tokenizer,
-                    mine,
-                    num_samples=G,
-                    max_new_tokens=self.max_new_tokens,
-                    temperature=r.temperature,
-                    batch_size=r.generation_batch_size,
-                    seed=_sampling_seed(cfg.seed, step, rounds, info.rank),
-                )
-                raw, errs = self._rewards(roll.completions, roll.answers)
-                errors += errs
-                reward = raw + self._overlong_penalty(roll.response_lengths)
-                keep = (
-                    dynamic_sampling_keep(reward, G)
-                    if r.dynamic_sampling
-                    else torch.ones(len(mine), dtype=torch.bool)
-                )
-                take = keep.clone()
-                take[keep.cumsum(0) > n_local - have] = False  # only as many as still needed
-                rows_take, rows_drop = take.repeat_interleave(G), (~keep).repeat_interleave(G)
-                if take.any():
-                    kept.append((roll.select(rows_take), reward[rows_take], raw[rows_take]))
-                if rows_drop.any():
-                    dropped.append((roll.select(rows_drop), reward[rows_drop], raw[rows_drop]))
-                have += int(take.sum())
-                generated += len(mine)
-            rounds += 1
-            missing = all_reduce_sum(torch.tensor([float(n_local - have)]), info).item()
-            if not r.dynamic_sampling or missing == 0 or rounds >= r.max_sampling_rounds:
-                break
-        topped_up = n_local - have
-        for roll, reward, raw in dropped:  # at the round limit: fill with zero-advantage groups
-            if have >= n_local:
-                break
-            n = min(roll.num_groups, n_local - have)
-            rows = torch.arange(n * G)
-            kept.append((roll.select(rows), reward[rows], raw[rows]))
-            have += n
-        roll = Rollout.concat([k[0] for k in kept]).to("cpu")
-        reward = torch.cat([k[1] for k in kept])
-        raw = torch.cat([k[2] for k in kept])
-        advantages = group_advantages(reward, G, std_normalize=r.std_normalize)
-        batch = TrainBatch(
-            prompt_ids=roll.prompt_ids,
-            prompt_mask=roll.prompt_mask,
-            response_ids=roll.response_ids,
-            response_mask=roll.response_mask,
-            rewards=reward,
-            advantages=advantages.float(),
-            group_ids=roll.group_ids + info.rank * n_local,  # global group ids
+        """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
+        return collect_batch(
+            self.model,
+            self.tokenizer,
+            self.source,
+            self.reward_fn,
+            self.cfg.rollout,
+            seed=self.cfg.seed,
+            step=step,
+            max_new_tokens=self.max_new_tokens,
+            info=self.info,
+            device=self.device,
         )
-        lengths = roll.response_lengths.float()
-        sums = torch.tensor(
-            [
-                float(len(reward)),
-                float(reward.sum()),
-                float(raw.sum()),
-                float((raw > 0).sum()),
-                float(lengths.sum()),
-                float((~roll.finished).sum()),
-                float(errors),
-                float(generated),
-                float(topped_up),
-                float(roll.response_mask.sum()),
-            ],
-            dtype=torch.float64,
-        )
-        t = all_reduce_sum(sums, info).tolist()
-        n = max(t[0], 1.0)
-        metrics = {
-            "reward/mean": t[1] / n,
-            "reward/raw_mean": t[2] / n,
-            "reward/accuracy": t[3] / n,
-            "reward/errors": t[6],
-            "response/length_mean": t[4] / n,
-            "response/truncated_fraction": t[5] / n,
-            "response/tokens": t[9],
-            "sampling/rounds": float(rounds),
-        }
-        if r.dynamic_sampling:
-            metrics["sampling/kept_group_fraction"] = (
-                (t[0] / G - t[8]) / max(t[7], 1.0) if t[7] else 0.0
-            )
-            metrics["sampling/topped_up_groups"] = t[8]
-        return batch.to(self.device), metrics
 
     # ------------------------------------------------------------------ one step
 
