@@ -212,3 +212,12 @@ def test_vllm_backend_missing_package(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(ImportError, match="pip install vllm"):
         VLLMBackend(tmp_path)
+
+
+def test_default_row_label():
+    from gmts.cli.eval import _default_name
+
+    assert _default_name("/x/runs/gmts") == "gmts"
+    assert _default_name("/x/runs/gmts/checkpoints/step_000100") == "gmts/step_000100"
+    assert _default_name("/x/runs/gmts/checkpoints/step_000100/model") == "gmts/step_000100"
+    assert _default_name("/x/qwen/model") == "qwen"

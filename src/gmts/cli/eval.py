@@ -83,9 +83,13 @@ def _error(message: str) -> int:
 
 
 def _default_name(model: str) -> str:
+    """Row label: the folder name; ``<run>/step_000100`` for a gmts checkpoint."""
     path = Path(model).resolve()
-    parts = [p for p in path.parts[-3:] if p not in ("model", "checkpoints")]
-    return parts[-1] if parts else path.name
+    if path.name == "model":
+        path = path.parent
+    if path.parent.name == "checkpoints":
+        return f"{path.parent.parent.name}/{path.name}"
+    return path.name
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ extracted)``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,10 @@ def load_eval_benchmark(
         text, choices = prompt_question(spec, ex.question, meta)
         prompt = format_prompt(tokenizer, text, template=spec.template, choices=choices)
         items.append(EvalItem(str(ex.id), ex.question, str(ex.answer), prompt, meta))
+    counts = Counter(item.id for item in items)
+    if len(counts) != len(items):  # ids are the resume key: duplicates would mix results
+        dup = sorted(i for i, c in counts.items() if c > 1)[:5]
+        raise ValueError(f"benchmark {name!r} has duplicate question ids: {', '.join(dup)}")
     if spec.verifier in ("humaneval", "mbpp"):
         scorer = _code_scorer(spec.verifier, code_timeout)
     else:
