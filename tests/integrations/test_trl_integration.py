@@ -288,3 +288,85 @@ def test_cli_dataset_and_reward(tmp_path):
     assert reward(done, answer=["3", "10"]) == [1.0, 0.0]
     with pytest.raises(ValueError, match="column"):
         build_dataset(GMTSScriptArguments(train_file=str(path), question_column="question"))
+
+
+def _accumulated_loss_and_grads(trainer, micro_batches):
+    """Run one optimizer step's micro-batches the way TRL does (buffered slices, _step)."""
+    model = trainer.model
+    model.train()
+    model.zero_grad()
+    trainer.current_gradient_accumulation_steps = len(micro_batches)
+    trainer._buffered_inputs = micro_batches
+    total = torch.zeros(())
+    for step, batch in enumerate(micro_batches):
+        trainer._step = step
+        loss = trainer._compute_loss(model, batch)
+        loss.backward()
+        total = total + loss.detach()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return total, grads
+
+
+@pytest.mark.parametrize("normalize", ["selected", "all"])
+def test_step_selection_unit_with_accumulation_equals_one_big_micro_batch(model_dir, normalize):
+    """gmts_selection_unit='step': 2 accumulated micro-batches == 1 micro-batch of both."""
+    rho = 0.3
+    gmts = dict(gmts_score="gmts", gmts_ratio=rho, gmts_normalize=normalize, gmts_kl_tokens="all")
+    common = _common(loss_type="dapo", beta=0.04)
+    big = _build(GMTSGRPOTrainer, GMTSGRPOConfig(**common, **gmts), model_dir)
+    acc_args = GMTSGRPOConfig(**common, **gmts, gradient_accumulation_steps=2)
+    assert acc_args.gmts_selection_unit == "step" and acc_args.steps_per_generation == 2
+    acc = _build(GMTSGRPOTrainer, acc_args, model_dir)
+    inputs = _inputs(4, 0.04)
+    halves = [
+        {k: v[rows] if v.dim() > 0 else v for k, v in inputs.items()}
+        for rows in (slice(0, 3), slice(3, 6))
+    ]
+    want_loss, want_grads = _accumulated_loss_and_grads(big, [inputs])
+    loss, grads = _accumulated_loss_and_grads(acc, halves)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-7)
+    for name in want_grads:
+        torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-7)
+    n_valid = int(inputs["completion_mask"].sum())
+    assert acc.gmts_last["unit_selected_tokens"] == math.ceil(rho * n_valid)
+    assert acc.gmts_last["unit_valid_tokens"] == n_valid
+
+
+def test_micro_batch_selection_unit_selects_per_micro_batch(model_dir):
+    """The cheaper unit: each accumulated micro-batch gets its own k = ceil(rho N_micro)."""
+    rho = 0.3
+    args = GMTSGRPOConfig(
+        **_common(loss_type="dapo", beta=0.0),
+        gmts_score="gmts",
+        gmts_ratio=rho,
+        gradient_accumulation_steps=2,
+        gmts_selection_unit="micro-batch",
+    )
+    trainer = _build(GMTSGRPOTrainer, args, model_dir)
+    inputs = _inputs(5, 0.0)
+    halves = [
+        {k: v[rows] if v.dim() > 0 else v for k, v in inputs.items()}
+        for rows in (slice(0, 3), slice(3, 6))
+    ]
+    _accumulated_loss_and_grads(trainer, halves)
+    n_last = int(halves[1]["completion_mask"].sum())
+    assert trainer.gmts_last["unit_selected_tokens"] == math.ceil(rho * n_last)
+    with pytest.raises(ValueError, match="gmts_selection_unit"):
+        check_trl_args(GMTSGRPOConfig(**_common(gmts_selection_unit="window")))
+
+
+@pytest.mark.slow
+def test_training_with_accumulation_selects_over_the_optimizer_step(model_dir):
+    args = GMTSGRPOConfig(
+        **_common(loss_type="grpo", beta=0.0, learning_rate=1e-2, max_steps=2),
+        gradient_accumulation_steps=2,
+        gmts_score="gmts",
+        gmts_ratio=0.2,
+    )
+    trainer = _build(GMTSGRPOTrainer, args, model_dir)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    last = trainer.gmts_last
+    assert last["unit_selected_tokens"] == math.ceil(0.2 * last["unit_valid_tokens"])
+    assert last["unit_valid_tokens"] > last["valid_tokens"]  # the step spans 2 micro-batches

@@ -10,17 +10,18 @@
    reference log-probs, the advantages, ``epsilon`` / ``epsilon_high`` and TRL's k3 KL with
    ``beta`` and ``use_bias_correction_kl``;
 3. exactly k = ceil(ratio * N) tokens are selected by the configured score, N counted over the
-   micro-batch of every accelerate process together (one global threshold, no torch.quantile);
+   selection unit on every accelerate process together (one global threshold, no
+   torch.quantile);
 4. the loss is aggregated by the core's ``policy_loss``:
    ``gmts_normalize="selected"`` is the paper's eq. 2 (a token-mean over the selected tokens of
    all processes, whatever ``loss_type``); ``gmts_normalize="all"`` keeps the divisor of TRL's
    ``loss_type`` (what TRL's ``top_entropy_quantile`` and the authors' code do).
 
-The selection unit is one micro-batch on all processes (``per_device_train_batch_size x
-num_processes`` sequences), as for TRL's own ``top_entropy_quantile``. With
-``gradient_accumulation_steps=1`` that is the whole optimizer batch (the paper's setting);
-with accumulation each micro-batch is selected and normalised on its own and the micro-batch
-losses are averaged.
+The selection unit (``gmts_selection_unit``) is by default the whole optimizer step: all
+micro-batches of one gradient-accumulation window on all processes (the paper's mini-batch);
+with ``gradient_accumulation_steps > 1`` that costs one extra no-grad forward over the window
+at its first micro-batch. ``'micro-batch'`` selects each micro-batch (on all processes) on its
+own, as TRL's own ``top_entropy_quantile`` does.
 
 TRL options whose gradient is not the clipped objective that omega describes (other loss
 types, sequence-level importance sampling, two-sided clipping ``delta``, off-policy masks, vLLM
@@ -39,7 +40,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig, loss_denominator, policy_loss
-from gmts.core.step import select_for_update
+from gmts.core.step import SelectionResult, select_for_update
 
 __all__ = ["GMTSGRPOConfig", "GMTSGRPOTrainer", "SUPPORTED_LOSS_TYPES", "check_trl_args"]
 
@@ -101,6 +102,15 @@ class GMTSGRPOConfig(GRPOConfig):
     )
     gmts_kl_tokens: str = field(
         default=_default("kl_tokens"), metadata={"help": _core_help("kl_tokens")}
+    )
+    gmts_selection_unit: str = field(
+        default="step",
+        metadata={
+            "help": "Where the top-ratio is taken: 'step' (all micro-batches of one optimizer "
+            "step on all processes, the paper's mini-batch; costs one extra no-grad forward per "
+            "step when gradient_accumulation_steps > 1) or 'micro-batch' (each micro-batch on "
+            "all processes, like TRL's top_entropy_quantile; no extra pass)."
+        },
     )
     gmts_seed: int | None = field(
         default=None,
@@ -167,6 +177,20 @@ def check_trl_args(args: Any) -> None:
         problems.append("the entropy bonus (entropy_coef / use_adaptive_entropy) is not supported")
     if getattr(args, "use_liger_kernel", False):
         problems.append("use_liger_kernel computes the loss outside _compute_loss; set it False")
+    if args.gmts_selection_unit not in ("step", "micro-batch"):
+        problems.append(
+            f"gmts_selection_unit={args.gmts_selection_unit!r}: use 'step' or 'micro-batch'"
+        )
+    elif (
+        args.gmts_selection_unit == "step"
+        and selection.enabled
+        and args.steps_per_generation is not None
+        and args.steps_per_generation % args.gradient_accumulation_steps != 0
+    ):
+        problems.append(
+            "gmts_selection_unit='step' needs steps_per_generation to be a multiple of "
+            "gradient_accumulation_steps (an optimizer step must not span two generations)"
+        )
     if selection.score != "none" and selection.scope == "group":
         problems.append(
             "gmts_scope='group' is not available in TRL: its micro-batches shuffle the rows of a "
@@ -213,71 +237,167 @@ class GMTSGRPOTrainer(GRPOTrainer):
             return torch.distributed.group.WORLD
         return None
 
-    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    def _gmts_forward(
+        self, model: torch.nn.Module, inputs: dict[str, Any], *, compute_aux_loss: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """TRL's own forward: ``(logprobs, entropy, aux_loss)``, the first two ``(B, T)``."""
+        completion_ids = inputs["completion_ids"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         extra = {key: inputs.get(key) for key in _EXTRA_MODEL_INPUTS}
-        aux_enabled = bool(getattr(self, "aux_loss_enabled", False))
         out = self._get_per_token_logps_and_entropies(
             model,
             input_ids,
             attention_mask,
             completion_ids.size(1),
             compute_entropy=True,
-            compute_aux_loss=aux_enabled,
+            compute_aux_loss=compute_aux_loss,
             **extra,
         )
-        logprobs, entropy = out[0], out[1]  # (B, T) each; TRL < 1.10 returned two values
-        aux_loss = out[2] if len(out) > 2 else None
+        aux_loss = out[2] if len(out) > 2 else None  # TRL < 1.10 returned two values
+        return out[0], out[1], aux_loss
 
-        mask = (
-            completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        )
-        response_mask = mask.bool()  # (B, T)
-        advantages = inputs["advantages"]  # (B,) or (B, T)
+    @staticmethod
+    def _gmts_mask(inputs: dict[str, Any]) -> torch.Tensor:
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        return mask.bool()  # (B, T)
+
+    def _gmts_score_inputs(
+        self, inputs: dict[str, Any], logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(old_logprobs, ref_logprobs)`` exactly as TRL's loss uses them."""
         old_logprobs = inputs.get("old_per_token_logps")
         if old_logprobs is None:  # TRL skips the old pass when on-policy: r = 1 exactly
             old_logprobs = logprobs.detach()
         ref_logprobs = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
+        return old_logprobs, ref_logprobs
+
+    def _gmts_uses_step_unit(self, mode: str) -> bool:
+        return (
+            mode == "train"
+            and self.gmts_selection.enabled
+            and self.args.gmts_selection_unit == "step"
+            and self.current_gradient_accumulation_steps > 1
+        )
+
+    @torch.no_grad()
+    def _gmts_window(self, model: torch.nn.Module, group: Any) -> dict[str, Any]:
+        """Select over every micro-batch of the current optimizer step (all processes).
+
+        One no-grad forward over the window's micro-batches (TRL's buffered slices) with the
+        parameters this optimizer step differentiates at, so scores equal those of the
+        training forwards. Cached per window.
+        """
+        accumulation = self.current_gradient_accumulation_steps
+        start = int(self._step) - int(self._step) % accumulation
+        cached = getattr(self, "_gmts_window_cache", None)
+        if cached is not None and cached["start"] == start:
+            return cached
+        per_generation = self.args.steps_per_generation
+        slots = [(start + i) % per_generation for i in range(accumulation)]
+        batches = [self._buffered_inputs[slot] for slot in slots]
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("lp", "ent", "old", "adv", "mask")}
+        refs = []
+        for batch in batches:
+            logprobs, entropy, _ = self._gmts_forward(model, batch)
+            old_logprobs, ref_logprobs = self._gmts_score_inputs(batch, logprobs)
+            adv = batch["advantages"]
+            parts["lp"].append(logprobs.detach())
+            parts["ent"].append(entropy.detach().float())
+            parts["old"].append(old_logprobs)
+            parts["adv"].append(adv[:, None].expand_as(logprobs) if adv.dim() == 1 else adv)
+            parts["mask"].append(self._gmts_mask(batch))
+            refs.append(ref_logprobs)
+        cat = {k: torch.cat(v, dim=0) for k, v in parts.items()}  # (accumulation * B, T)
+        result = select_for_update(
+            self.gmts_selection,
+            self._gmts_objective("token-mean"),
+            logprobs=cat["lp"],
+            old_logprobs=cat["old"],
+            advantages=cat["adv"],
+            response_mask=cat["mask"],
+            entropy=cat["ent"],
+            ref_logprobs=torch.cat(refs, dim=0) if self.beta != 0.0 else None,
+            process_group=group,
+            step=start,
+        )
+        rows = [b.shape[0] for b in parts["mask"]]
+        masks = dict(zip(slots, torch.split(result.selected, rows, dim=0)))
+        cache = {
+            "start": start,
+            "masks": masks,
+            "threshold": result.threshold,
+            "selected_tokens": loss_denominator(
+                cat["mask"], result.selected, "token-mean", "selected", group
+            ),
+            "valid_tokens": loss_denominator(cat["mask"], None, "token-mean", "all", group),
+        }
+        self._gmts_window_cache = cache
+        return cache
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        aux_enabled = bool(getattr(self, "aux_loss_enabled", False))
+        logprobs, entropy, aux_loss = self._gmts_forward(
+            model, inputs, compute_aux_loss=aux_enabled
+        )
+        response_mask = self._gmts_mask(inputs)  # (B, T)
+        advantages = inputs["advantages"]  # (B,) or (B, T)
+        old_logprobs, ref_logprobs = self._gmts_score_inputs(inputs, logprobs)
 
         mode = "train" if self.model.training else "eval"
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         n_proc = self.accelerator.num_processes
         group = self._gmts_process_group()
         sel_cfg = self.gmts_selection
-        selecting = sel_cfg.score != "none"
-        normalize = sel_cfg.normalize if selecting else "all"
+        normalize = sel_cfg.normalize if sel_cfg.enabled else "all"
 
         aggregation, denominator, post_scale = self._gmts_aggregation(
             inputs, response_mask, normalize, accumulation, n_proc
         )
         objective = self._gmts_objective(aggregation)
-        result = select_for_update(
-            sel_cfg,
-            objective,
-            logprobs=logprobs.detach(),
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            response_mask=response_mask,
-            entropy=entropy.detach().float(),
-            ref_logprobs=ref_logprobs,
-            process_group=group,
-            step=int(self._step),
-        )
-        selected = result.selected  # (B, T) bool or None
-
-        if normalize == "selected" and selected is not None:
-            # Paper eq. 2: divide by S, the selected count of every process; DDP averages the
-            # per-process gradients, hence S / num_processes here.
-            denominator = loss_denominator(response_mask, selected, "token-mean", "selected", group)
-            denominator = denominator / n_proc
-        kl_denominator = None
-        if normalize == "selected" and selected is not None and self.beta != 0.0:
-            kl_denominator = (
-                loss_denominator(response_mask, None, "token-mean", "all", group) / n_proc
+        # counting sets of the selection unit (micro-batch or optimizer step), all processes
+        unit_selected = unit_valid = None
+        if self._gmts_uses_step_unit(mode):
+            window = self._gmts_window(model, group)
+            slot = int(self._step) % self.args.steps_per_generation
+            if inputs is not self._buffered_inputs[slot]:
+                raise RuntimeError(
+                    "gmts_selection_unit='step' could not match this micro-batch to TRL's "
+                    "buffered generation batch; use gmts_selection_unit='micro-batch'"
+                )
+            selected = window["masks"][slot] & response_mask
+            result = SelectionResult(selected=selected, scores=None, threshold=window["threshold"])
+            unit_selected, unit_valid = window["selected_tokens"], window["valid_tokens"]
+            post_scale = 1.0 if normalize == "selected" else post_scale
+        else:
+            result = select_for_update(
+                sel_cfg,
+                objective,
+                logprobs=logprobs.detach(),
+                old_logprobs=old_logprobs,
+                advantages=advantages,
+                response_mask=response_mask,
+                entropy=entropy.detach().float(),
+                ref_logprobs=ref_logprobs,
+                process_group=group,
+                step=int(self._step),
             )
+            selected = result.selected  # (B, T) bool or None
+            if selected is not None:
+                unit_selected = loss_denominator(
+                    response_mask, selected, "token-mean", "selected", group
+                )
+                unit_valid = loss_denominator(response_mask, None, "token-mean", "all", group)
+
+        kl_denominator = None
+        if normalize == "selected" and selected is not None:
+            # Paper eq. 2: divide by S, the selected count of the whole selection unit on every
+            # process; DDP averages the per-process gradients, hence S / num_processes here.
+            denominator = unit_selected / n_proc
+            if self.beta != 0.0:
+                kl_denominator = unit_valid / n_proc
 
         loss, _ = policy_loss(
             logprobs,
@@ -301,6 +421,8 @@ class GMTSGRPOTrainer(GRPOTrainer):
         self._gmts_log(
             mode, logprobs, old_logprobs, ref_logprobs, advantages, response_mask, entropy, result
         )
+        self.gmts_last["unit_selected_tokens"] = unit_selected
+        self.gmts_last["unit_valid_tokens"] = unit_valid
         return loss
 
     def _gmts_aggregation(
