@@ -27,15 +27,16 @@ def models(tok):
     }
 
 
-def _reference_greedy(model, tok, prompt: str, max_new_tokens: int) -> list[int]:
+def _reference_greedy(model, tok, prompt: str, max_new_tokens: int, stop=None) -> list[int]:
     """One prompt, no padding, no cache: recompute the whole sequence at every step."""
+    stop = stop or [tok.eos_token_id]
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     out: list[int] = []
     with torch.no_grad():
         for _ in range(max_new_tokens):
             logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
             out.append(int(logits.argmax()))
-            if out[-1] == tok.eos_token_id:
+            if out[-1] in stop:
                 break
     return out
 
@@ -82,6 +83,26 @@ def test_left_padded_greedy_matches_one_by_one(models, tok, arch, sampler):
     )
     expected = [_reference_greedy(model, tok, p, 9) for p in PROMPTS for _ in range(2)]
     assert _generated(roll) == expected
+
+
+@pytest.mark.parametrize("sampler", ["cache-loop", "generate"])
+def test_stop_token_ids(models, tok, sampler):
+    model = models["llama"]
+    stop = [tok.convert_tokens_to_ids(c) for c in "0123"] + [tok.eos_token_id]
+    roll = generate_rollouts(
+        model,
+        tok,
+        PROMPTS,
+        num_samples=1,
+        max_new_tokens=9,
+        temperature=0.0,
+        sampler=sampler,
+        stop_token_ids=stop,
+    )
+    assert _generated(roll) == [_reference_greedy(model, tok, p, 9, stop) for p in PROMPTS]
+    for r in range(roll.batch_size):
+        last = int(roll.response_ids[r, roll.response_lengths[r] - 1])
+        assert bool(roll.finished[r]) == (last in stop)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -228,6 +228,23 @@ def _next_token(
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
+def _stop_ids(model: Any, tokenizer: Any, stop_token_ids: Sequence[int] | None) -> list[int]:
+    """The ids that end a row, eos first."""
+    if stop_token_ids is not None:
+        stop = [int(i) for i in stop_token_ids]
+        if not stop:
+            raise ValueError("stop_token_ids must not be empty")
+        return list(dict.fromkeys(stop))
+    stop = [tokenizer.eos_token_id]
+    config = getattr(model, "generation_config", None)
+    extra = getattr(config, "eos_token_id", None) if config is not None else None
+    if isinstance(extra, int):
+        stop.append(extra)
+    elif extra is not None:
+        stop.extend(int(i) for i in extra)
+    return list(dict.fromkeys(stop))
+
+
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     try:
         return "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -236,7 +253,7 @@ def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
 
 
 def _sample_cache_loop(
-    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, eos_id, pad_id
+    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, stop_ids, pad_id
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,)."""
     rows = prompt_ids.shape[0]
@@ -262,7 +279,7 @@ def _sample_cache_loop(
         token = _next_token(logits, temperature, generator)  # (b,)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token)
-        stopped_now = (token == eos_id) & ~finished
+        stopped_now = torch.isin(token, stop_ids) & ~finished
         lengths = torch.where(stopped_now, torch.full_like(lengths, step + 1), lengths)
         finished = finished | stopped_now
         if step == max_new_tokens - 1 or bool(finished.all()):
@@ -282,30 +299,33 @@ def _sample_cache_loop(
 
 
 def _sample_generate(
-    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, eos_id, pad_id
+    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, stop_ids, pad_id
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk with ``model.generate`` (seeded through the global RNG in a forked context)."""
     device = prompt_ids.device
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-    sampling = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        if temperature > 0
-        else {"do_sample": False}
+    from transformers import GenerationConfig
+
+    # A fresh config: a model's own generation_config (top_k, top_p, repetition penalty...) must
+    # not change the distribution RL samples from.
+    config = GenerationConfig(
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_k=None,
+        top_p=None,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop_ids.tolist(),
+        pad_token_id=pad_id,
     )
     fork_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices):
         torch.manual_seed(seed)
         sequences = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask.long(),
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos_id,
-            pad_token_id=pad_id,
-            **sampling,
+            input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=config
         )
     response = sequences[:, prompt_ids.shape[1] :]  # (b, T)
     width = response.shape[1]
-    is_eos = response == eos_id
+    is_eos = torch.isin(response, stop_ids)
     first_eos = torch.where(
         is_eos.any(dim=1),
         is_eos.float().argmax(dim=1),
@@ -328,6 +348,7 @@ def generate_rollouts(
     seed: int | None = None,
     sampler: str = "cache-loop",
     add_special_tokens: bool = False,
+    stop_token_ids: Sequence[int] | None = None,
 ) -> Rollout:
     """Sample ``num_samples`` completions for each problem.
 
@@ -343,6 +364,9 @@ def generate_rollouts(
         seed: seeds the sampling generator; None draws one from torch's global RNG.
         sampler: "cache-loop" (hand-written KV-cache loop) or "generate" (``model.generate``).
         add_special_tokens: passed to the tokenizer when encoding prompts (True adds e.g. a BOS).
+        stop_token_ids: ids that end a row (the end token is kept in the response and mask).
+            None: the tokenizer's eos plus the model's ``generation_config.eos_token_id`` (chat
+            models often stop on several ids, e.g. an end-of-turn token).
 
     Returns:
         A ``Rollout`` of B = Q * G rows on the model's device.
@@ -360,9 +384,10 @@ def generate_rollouts(
     if len(problems) == 0:
         raise ValueError("problems must not be empty")
     eos_id = tokenizer.eos_token_id
-    if eos_id is None:
-        raise ValueError("tokenizer must define an eos token")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    if eos_id is None and not stop_token_ids:
+        raise ValueError("tokenizer must define an eos token (or pass stop_token_ids)")
+    stop = _stop_ids(model, tokenizer, stop_token_ids)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
 
     prompts, answers = zip(*(_prompt_and_answer(p) for p in problems))
     encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
@@ -393,7 +418,7 @@ def generate_rollouts(
                 max_new_tokens=max_new_tokens,
                 temperature=float(temperature),
                 generator=generator,
-                eos_id=eos_id,
+                stop_ids=torch.tensor(stop, dtype=torch.long, device=device),
                 pad_id=pad_id,
             )
             for start in range(0, rows, chunk)
@@ -411,7 +436,7 @@ def generate_rollouts(
     # Everything after the EOS is padding, whatever the sampler wrote there.
     response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_id))
     last = response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
-    finished = (last == eos_id) & (lengths > 0)
+    finished = torch.isin(last, torch.tensor(stop, device=device)) & (lengths > 0)
     kept = response_ids.masked_fill(~response_mask, pad_id).tolist()
     completions = tokenizer.batch_decode(
         [ids[:n] for ids, n in zip(kept, lengths.tolist())], skip_special_tokens=True
