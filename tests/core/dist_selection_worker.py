@@ -39,6 +39,14 @@ def step_inputs(seed: int, b: int, t: int):
     return lp, old, ref, adv
 
 
+def mixed_dtype_batch():
+    """Rows 0-1 (rank 0) in float64 differ only below float32 precision; rows 2-3 float32."""
+    scores = torch.full((4, 3), 1.0, dtype=torch.float64)
+    scores[0] += torch.tensor([3e-12, 1e-12, 2e-12], dtype=torch.float64)
+    scores[2:] = torch.tensor([[1.0, 0.5, 2.0], [1.0, 1.0, 0.25]], dtype=torch.float64)
+    return scores, torch.ones(4, 3, dtype=torch.bool)
+
+
 def cases():
     """(name, seed, B, T, kind, rows of rank 0, what to do to rank 1's mask)."""
     return [
@@ -108,6 +116,11 @@ def main() -> None:
         )
         loss.backward()
         results[(name, "step")] = (result.selected, result.threshold, float(loss), lp.grad)
+    # float64 scores on one rank only: both ranks switch to 64-bit keys (same passes)
+    s, m = mixed_dtype_batch()
+    rows = share(rank, s.shape[0], 2)
+    local = s[rows] if rank == 0 else s[rows].float()
+    results["mixed-dtype"] = gmts.select_tokens(local, m[rows], 0.25, process_group=pg)
     # bad input on one rank: every rank raises, nobody hangs
     scores = torch.randn(2, 3)
     if rank == 1:

@@ -122,3 +122,12 @@ def test_bad_input_on_one_rank_raises_on_every_rank(two_rank_results):
     r0, r1 = two_rank_results
     assert "another rank" in r0["bad-input"]
     assert "finite" in r1["bad-input"]
+
+
+def test_float64_on_one_rank_uses_64_bit_keys_everywhere(two_rank_results):
+    worker = _load_worker_module()
+    r0, r1 = two_rank_results
+    scores, mask = worker.mixed_dtype_batch()
+    expected = gmts.select_tokens(scores, mask, 0.25)
+    assert torch.equal(torch.cat([r0["mixed-dtype"], r1["mixed-dtype"]]), expected)
+    assert expected[0].tolist() == [True, False, True]  # float64 order inside row 0

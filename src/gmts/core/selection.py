@@ -79,10 +79,9 @@ _KEY_TYPES = {
 }
 
 
-def _working_scores(scores: torch.Tensor) -> torch.Tensor:
-    """float32 (float64 stays float64) copy with -0.0 turned into +0.0 (they are equal)."""
-    dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    return scores.to(dtype) + 0.0
+def _working_scores(scores: torch.Tensor, wide: bool) -> torch.Tensor:
+    """float32 (float64 if ``wide``) copy with -0.0 turned into +0.0 (they are equal)."""
+    return scores.to(torch.float64 if wide else torch.float32) + 0.0
 
 
 def _order_keys(values: torch.Tensor, largest: bool) -> torch.Tensor:
@@ -135,15 +134,21 @@ def _local_error(scores: Any, mask: Any, scope: str, group_ids: Any) -> str | No
     return None
 
 
-def _sync_errors(error: str | None, rows: int, device: torch.device, process_group: Any) -> int:
-    """Raise on every rank if any rank has bad input (so no rank hangs); return max rows."""
-    flags = torch.tensor([1 if error else 0, rows], dtype=torch.int64, device=device)
+def _sync_errors(
+    error: str | None, rows: int, wide: bool, device: torch.device, process_group: Any
+) -> tuple[int, bool]:
+    """Raise on every rank if any rank has bad input (so no rank hangs).
+
+    Returns the largest number of rows on any rank and whether any rank has float64 scores
+    (then every rank uses 64-bit keys, so all ranks run the same number of radix passes).
+    """
+    flags = torch.tensor([1 if error else 0, rows, int(wide)], dtype=torch.int64, device=device)
     flags = dist_utils.all_reduce_max(flags, process_group)
     if error is not None:
         raise ValueError(error)
     if int(flags[0]):
         raise ValueError("select_tokens: another rank in the process group received invalid input")
-    return int(flags[1])
+    return int(flags[1]), bool(flags[2])
 
 
 def _units(
@@ -185,7 +190,7 @@ def select_tokens(
 
     Args:
         scores: ``(B, T)`` float scores (only positions with ``mask`` are read; they must be
-            finite). Same dtype on every rank.
+            finite). Compared in float32, or in float64 when they are float64 (on any rank).
         mask: ``(B, T)`` bool response mask; masked positions are never selected.
         ratio: fraction in (0, 1]; k is computed exactly on its decimal value
             (see :func:`selection_count`).
@@ -220,8 +225,9 @@ def select_tokens(
     error = _local_error(scores, mask, scope, group_ids)
     device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
     rows = scores.shape[0] if error is None else 0
+    wide = error is None and scores.dtype == torch.float64
     if distributed:
-        max_rows = _sync_errors(error, rows, device, process_group)
+        max_rows, wide = _sync_errors(error, rows, wide, device, process_group)
     elif error is not None:
         raise ValueError(error)
     else:
@@ -231,11 +237,12 @@ def select_tokens(
     group = process_group if distributed else None
 
     with torch.no_grad():
-        return _select(scores.detach(), mask, frac, largest, scope, group_ids, max_rows, group)
+        values = _working_scores(scores.detach(), wide)
+        return _select(values, mask, frac, largest, scope, group_ids, max_rows, group)
 
 
 def _select(
-    scores: torch.Tensor,
+    values: torch.Tensor,
     mask: torch.Tensor,
     frac: Fraction,
     largest: bool,
@@ -244,8 +251,9 @@ def _select(
     max_rows: int,
     group: Any,
 ) -> torch.Tensor:
-    device = scores.device
-    rows, cols = scores.shape
+    """Selection on ``values`` (B, T), float32 or float64 without -0.0 (see select_tokens)."""
+    device = values.device
+    rows, cols = values.shape
     unit_row, n_units = _units(scope, rows, max_rows, group_ids, device, group)  # (B,)
     if n_units == 0:
         return torch.zeros_like(mask)
@@ -256,7 +264,6 @@ def _select(
     counts = dist_utils.all_reduce_sum(counts, group)  # (U,) global valid tokens per unit
     k = _counts_to_k(counts, frac)  # (U,)
 
-    values = _working_scores(scores)  # (B, T)
     keys = _order_keys(values, largest)  # (B, T)
     nbits = _KEY_TYPES[values.dtype][1]
     shifts = list(range(nbits - _DIGIT_BITS, -1, -_DIGIT_BITS))
