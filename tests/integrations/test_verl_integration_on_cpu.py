@@ -374,3 +374,18 @@ def test_when_imported_patches_a_module_imported_later(tmp_path, monkeypatch):
     assert seen == [1]
     plugin.when_imported("gmts_fake_target_mod", lambda module: seen.append(2))  # already there
     assert seen == [1, 2]
+
+
+def test_gmts_loss_function_pickles_for_ray():
+    import pickle
+
+    loss_fn = GMTSPolicyLoss(_actor_config(), _settings(score="entropy", ratio=0.2))
+    clone = pickle.loads(pickle.dumps(loss_fn))
+    assert clone.settings == loss_fn.settings and clone.objective == loss_fn.objective
+    data, flat_lp, flat_ent = _batch(11)
+    engine = _FakeEngine(flat_lp.detach(), flat_ent.detach())
+    clone.prepare_mini_batch(engine, data)
+    loss, metrics = clone({"log_probs": flat_lp}, data)
+    n_valid = int(data["response_mask"].sum())
+    assert torch.isfinite(loss)
+    assert metrics["gmts/selected_fraction"] == pytest.approx(math.ceil(0.2 * n_valid) / n_valid)

@@ -148,11 +148,17 @@ def prepare_selection(
     """
     from verl.utils import tensordict_utils as tu
 
-    response_mask = _padded(data, "response_mask").bool()  # (B, R)
-    old_logprobs = _padded(data, "old_log_probs").float()
-    advantages = _padded(data, "advantages").float()
-    ref_logprobs = _padded(data, "ref_log_prob").float() if objective.kl_coef > 0 else None
-    current = old_logprobs if logprobs is None else logprobs.float()
+    home = _padded(data, "response_mask").device  # where the mini-batch lives (often CPU)
+    device = _selection_device(logprobs, process_group, home)
+    response_mask = _padded(data, "response_mask").to(device).bool()  # (B, R)
+    old_logprobs = _padded(data, "old_log_probs").to(device).float()
+    advantages = _padded(data, "advantages").to(device).float()
+    ref_logprobs = None
+    if objective.kl_coef > 0:
+        ref_logprobs = _padded(data, "ref_log_prob").to(device).float()
+    current = old_logprobs if logprobs is None else logprobs.to(device).float()
+    if entropy is not None:
+        entropy = entropy.to(device)
     result = select_for_update(
         settings.selection,
         objective,
@@ -169,10 +175,21 @@ def prepare_selection(
     num_selected = loss_denominator(
         response_mask, selected, "token-mean", "selected", process_group
     )
-    data[SELECTED_KEY] = selected
+    data[SELECTED_KEY] = selected.to(home)
     threshold = math.nan if result.threshold is None else float(result.threshold)
     tu.assign_non_tensor(data, **{NUM_SELECTED_KEY: num_selected, THRESHOLD_KEY: threshold})
     return data
+
+
+def _selection_device(
+    logprobs: torch.Tensor | None, process_group: Any, home: torch.device
+) -> torch.device:
+    """Where to select: with the model outputs, on the GPU for an NCCL group, else at home."""
+    if logprobs is not None:
+        return logprobs.device
+    if process_group is not None and torch.distributed.get_backend(process_group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return home
 
 
 # --------------------------------------------------------------------------------------------
