@@ -550,11 +550,8 @@ def policy_loss(
     return loss, metrics
 
 
-def _masked_mean(values: torch.Tensor, where: torch.Tensor) -> float:
-    n = int(where.sum())
-    if n == 0:
-        return float("nan")
-    return float(torch.where(where, values.double(), 0.0).sum() / n)
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
 
 
 def _metrics(
@@ -568,26 +565,45 @@ def _metrics(
     has_ref: bool,
     largest: bool,
 ) -> dict[str, float]:
+    """All metric reductions stacked into one tensor: a single device sync."""
     with torch.no_grad():
         sel = mask & selected if selected is not None else mask
-        n_valid = int(mask.sum())
-        metrics: dict[str, float] = {
-            "selected_fraction": (int(sel.sum()) / n_valid) if n_valid else float("nan"),
-            "clip_fraction": _masked_mean(clipped.float(), mask),
-            "clip_fraction_selected": _masked_mean(clipped.float(), sel),
-            "positive_advantage_fraction_selected": _masked_mean((adv > 0).float(), sel),
+        zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+
+        def masked_sum(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+            return torch.where(where, x.detach().double(), zero).sum()
+
+        parts = {
+            "n_valid": mask.sum(),
+            "n_sel": sel.sum(),
+            "clip_all": (clipped & mask).sum(),
+            "clip_sel": (clipped & sel).sum(),
+            "pos_sel": ((adv > 0) & sel).sum(),
         }
         if entropy is not None:
-            metrics["entropy_mean"] = _masked_mean(entropy.detach(), mask)
-            metrics["entropy_selected_mean"] = _masked_mean(entropy.detach(), sel)
+            parts["ent_all"] = masked_sum(entropy, mask)
+            parts["ent_sel"] = masked_sum(entropy, sel)
         if scores is not None:
             s = scores.detach().double()
-            if int(sel.sum()) == 0:
-                metrics["score_threshold"] = float("nan")
-            elif largest:
-                metrics["score_threshold"] = float(torch.where(sel, s, math.inf).min())
+            if largest:
+                parts["thr"] = torch.where(sel, s, math.inf).amin() if s.numel() else zero
             else:
-                metrics["score_threshold"] = float(torch.where(sel, s, -math.inf).max())
+                parts["thr"] = torch.where(sel, s, -math.inf).amax() if s.numel() else zero
         if has_ref:
-            metrics["kl_mean"] = _masked_mean(kl.detach(), mask)
+            parts["kl"] = masked_sum(kl, mask)
+        values = dict(zip(parts, torch.stack([v.double() for v in parts.values()]).tolist()))
+    n_valid, n_sel = values["n_valid"], values["n_sel"]
+    metrics: dict[str, float] = {
+        "selected_fraction": _ratio(n_sel, n_valid),
+        "clip_fraction": _ratio(values["clip_all"], n_valid),
+        "clip_fraction_selected": _ratio(values["clip_sel"], n_sel),
+        "positive_advantage_fraction_selected": _ratio(values["pos_sel"], n_sel),
+    }
+    if entropy is not None:
+        metrics["entropy_mean"] = _ratio(values["ent_all"], n_valid)
+        metrics["entropy_selected_mean"] = _ratio(values["ent_sel"], n_sel)
+    if scores is not None:
+        metrics["score_threshold"] = values["thr"] if n_sel else float("nan")
+    if has_ref:
+        metrics["kl_mean"] = _ratio(values["kl"], n_valid)
     return metrics
