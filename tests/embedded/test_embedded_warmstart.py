@@ -105,3 +105,26 @@ def test_default_warm_start_lands_in_the_calibrated_range(tmp_path):
     info = json.loads((path / "warmstart.json").read_text())
     assert 0.15 <= info["average_at_n"] <= 0.6, info
     assert info["greedy_accuracy"] >= info["average_at_n"]
+
+
+def test_warm_start_batch_puts_the_loss_on_the_completion_only():
+    import random
+
+    from gmts.data.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    task = get_task("addition")
+    input_ids, attention_mask, labels = warmstart._batch(task, tok, random.Random(0), 16, 0.0)
+    eos = tok.eos_token_id
+    for ids, mask, lab in zip(input_ids.tolist(), attention_mask.tolist(), labels.tolist()):
+        n = sum(mask)
+        text = tok.decode(ids[:n])
+        prompt, completion = text[: task.prompt_length], text[task.prompt_length :]
+        assert (
+            completion.endswith("$")
+            and task.reward(completion, task.make_problem(int(prompt[:3]), int(prompt[4:7])).answer)
+            == 1.0
+        )  # noise 0: the demonstration is the answer
+        assert lab[: task.prompt_length] == [-100] * task.prompt_length
+        assert lab[task.prompt_length : n] == ids[task.prompt_length : n]
+        assert lab[n:] == [-100] * (len(ids) - n) and ids[n:] == [eos] * (len(ids) - n)

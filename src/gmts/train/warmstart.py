@@ -185,20 +185,20 @@ def _batch(
     """(input_ids, attention_mask, labels), each (b, L), right-padded; labels are -100 except
     on the completion tokens and the EOS (the loss is on the completion only)."""
     problems = task.sample(size, rng)
-    prompts = tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
-    targets = tokenizer(
-        [task.demonstration(p, rng, noise) for p in problems], add_special_tokens=False
-    )["input_ids"]
+    texts = [p.prompt for p in problems] + [task.demonstration(p, rng, noise) for p in problems]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]  # one call for both halves
+    prompts, targets = encoded[:size], encoded[size:]
     eos = tokenizer.eos_token_id
-    sequences = [p + t + [eos] for p, t in zip(prompts, targets)]
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((size, width), eos, dtype=torch.long)
-    attention_mask = torch.zeros((size, width), dtype=torch.long)
-    labels = torch.full((size, width), -100, dtype=torch.long)
-    for row, (prompt, seq) in enumerate(zip(prompts, sequences)):
-        input_ids[row, : len(seq)] = torch.tensor(seq)
-        attention_mask[row, : len(seq)] = 1
-        labels[row, len(prompt) : len(seq)] = input_ids[row, len(prompt) : len(seq)]
+    width = max(len(p) + len(t) for p, t in zip(prompts, targets)) + 1
+    ids_rows, mask_rows, label_rows = [], [], []
+    for prompt, target in zip(prompts, targets):
+        pad = width - len(prompt) - len(target) - 1
+        ids_rows.append(prompt + target + [eos] + [eos] * pad)
+        mask_rows.append([1] * (width - pad) + [0] * pad)
+        label_rows.append([-100] * len(prompt) + target + [eos] + [-100] * pad)
+    input_ids = torch.tensor(ids_rows, dtype=torch.long)
+    attention_mask = torch.tensor(mask_rows, dtype=torch.long)
+    labels = torch.tensor(label_rows, dtype=torch.long)
     return input_ids, attention_mask, labels
 
 
