@@ -82,14 +82,20 @@ def test_configs_exist_for_every_paper_setting():
         assert any(name.startswith(stem) for name in names), stem
 
 
-def test_dry_run_from_the_command_line():
-    out = subprocess.run(
-        [sys.executable, "-m", "gmts.integrations.verl", "--dry-run", "gmts.score=gmts", "x.y=1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+@pytest.mark.slow
+def test_dry_run_from_the_command_line_imports_neither_verl_nor_trl():
+    code = (
+        "import sys\n"
+        "import gmts.integrations, gmts.integrations.verl.plugin\n"
+        "from gmts.integrations.verl.__main__ import main\n"
+        "rc = main(['--dry-run', 'gmts.score=gmts', 'x.y=1'])\n"
+        "heavy = sorted(m for m in ('verl', 'trl', 'ray', 'transformers') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+        "sys.exit(rc)\n"
     )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith(f"{ENV_VAR}=")
     assert "-m verl.trainer.main_ppo x.y=1" in lines[1]
+    assert lines[-1] == "HEAVY []"
