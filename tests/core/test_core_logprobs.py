@@ -278,3 +278,41 @@ def test_cuda_from_hidden_matches_naive(dtype):
     torch.testing.assert_close(stats.entropy, ent, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(gh.float(), rh.float(), **TOL[dtype])
     torch.testing.assert_close(gw.float(), rw.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("chunk_size", [3, 8, 12, None])
+def test_sliced_model_output_is_not_copied_whole(chunk_size):
+    """``out.logits[:, :-1]`` is non-contiguous; blocks are views or chunk-sized copies."""
+    hidden, weight, labels, upstream = _data(torch.float32, b=6, t=20, v=300)
+    full = torch.cat([hidden @ weight.T, torch.randn(6, 1, 300)], dim=1)  # (B, T + 1, V)
+    full.requires_grad_(True)
+    logits = full[:, :-1]
+    assert not logits.is_contiguous()
+    with PeakTensorMemory(full) as tracker:
+        stats = gmts.token_statistics(logits, labels, chunk_size=chunk_size)
+    lp, ent, _ = naive_statistics(logits, labels)
+    torch.testing.assert_close(stats.logprobs, lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats.entropy, ent, rtol=1e-5, atol=1e-5)
+    (grad,) = torch.autograd.grad((stats.logprobs * upstream).sum(), full)
+    (ref_grad,) = torch.autograd.grad((lp * upstream).sum(), full)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    if chunk_size is not None:
+        whole = logits.numel() * 4
+        assert tracker.peak < whole / 2  # a few (chunk, V) blocks, no copy of the whole input
+
+
+@pytest.mark.parametrize("shape", [(7,), (2, 3, 4)])
+def test_other_label_ranks(shape):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(*shape, 11, generator=g)
+    labels = torch.randint(0, 11, shape, generator=g)
+    stats = gmts.token_statistics(logits, labels, chunk_size=2, logit_grad_norm=True)
+    lp, ent, gn = naive_statistics(logits, labels)
+    assert stats.logprobs.shape == shape
+    torch.testing.assert_close(stats.logprobs, lp)
+    torch.testing.assert_close(stats.entropy, ent)
+    torch.testing.assert_close(stats.logit_grad_norm, gn)
+    hidden = torch.randn(*shape, 4, generator=g)
+    weight = torch.randn(11, 4, generator=g)
+    from_h = gmts.token_statistics_from_hidden(hidden, weight, labels, chunk_size=5)
+    torch.testing.assert_close(from_h.logprobs, naive_statistics(hidden @ weight.T, labels)[0])

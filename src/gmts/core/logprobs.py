@@ -118,22 +118,54 @@ def _chunk_grad_z(
     return dz
 
 
+Block = tuple[slice, slice]
+
+
+def _blocks(rows: int, cols: int, chunk: int) -> list[Block]:
+    """(row slice, column slice) blocks of at most ``chunk`` tokens covering a (rows, cols) grid.
+
+    Whole rows are grouped when a row fits in a chunk, otherwise rows are cut along the
+    columns, so a block of a sliced (B, T, V) tensor such as ``logits[:, :-1]`` is either a
+    small copy or a contiguous view, never a copy of the whole tensor.
+    """
+    if rows == 0 or cols == 0:
+        return []
+    if cols <= chunk:
+        per = chunk // cols
+        return [(slice(r, min(rows, r + per)), slice(0, cols)) for r in range(0, rows, per)]
+    return [
+        (slice(r, r + 1), slice(c, min(cols, c + chunk)))
+        for r in range(rows)
+        for c in range(0, cols, chunk)
+    ]
+
+
+def _empty_outputs(
+    labels: torch.Tensor, want_g: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    logprob = torch.empty(labels.shape, dtype=torch.float32, device=labels.device)  # (B, T)
+    entropy, lse = torch.empty_like(logprob), torch.empty_like(logprob)
+    return logprob, entropy, lse, torch.empty_like(logprob) if want_g else None
+
+
 class _LogitsStats(torch.autograd.Function):
-    """logits (N, V), labels (N,) -> logprob, entropy, G (N,) each; backward recomputes chunks."""
+    """logits (B, T, V), labels (B, T) -> logprob, entropy, G (B, T); backward recomputes."""
 
     @staticmethod
     def forward(ctx, logits, labels, temperature, chunk_size, want_g):  # type: ignore[override]
-        n = logits.shape[0]
-        logprob = torch.empty(n, dtype=torch.float32, device=logits.device)
-        entropy = torch.empty_like(logprob)
-        lse = torch.empty_like(logprob)
-        g = torch.empty_like(logprob) if want_g else None
-        for start in range(0, n, chunk_size):
-            sl = slice(start, min(n, start + chunk_size))
-            lp, ent, ls, gg = _chunk_forward(logits[sl], labels[sl], temperature, want_g)
-            logprob[sl], entropy[sl], lse[sl] = lp, ent, ls
+        logprob, entropy, lse, g = _empty_outputs(labels, want_g)
+        vocab = logits.shape[-1]
+        for rs, cs in _blocks(*labels.shape, chunk_size):
+            z = logits[rs, cs].reshape(-1, vocab)  # (n, V)
+            lp, ent, ls, gg = _chunk_forward(z, labels[rs, cs].reshape(-1), temperature, want_g)
+            shape = labels[rs, cs].shape
+            logprob[rs, cs], entropy[rs, cs], lse[rs, cs] = (
+                lp.view(shape),
+                ent.view(shape),
+                ls.view(shape),
+            )
             if want_g:
-                g[sl] = gg
+                g[rs, cs] = gg.view(shape)
         _check_finite(logprob, entropy, lse)
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
@@ -147,32 +179,39 @@ class _LogitsStats(torch.autograd.Function):
         logits, labels, lse = ctx.saved_tensors
         if grad_logprob is None or not ctx.needs_input_grad[0]:
             return None, None, None, None, None
-        grad_logits = torch.empty_like(logits)
-        n = logits.shape[0]
-        for start in range(0, n, ctx.chunk_size):
-            sl = slice(start, min(n, start + ctx.chunk_size))
-            dz = _chunk_grad_z(logits[sl], labels[sl], lse[sl], grad_logprob[sl], ctx.temperature)
-            grad_logits[sl] = dz.to(logits.dtype)
+        grad_logits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        vocab = logits.shape[-1]
+        for rs, cs in _blocks(*labels.shape, ctx.chunk_size):
+            dz = _chunk_grad_z(
+                logits[rs, cs].reshape(-1, vocab),
+                labels[rs, cs].reshape(-1),
+                lse[rs, cs].reshape(-1),
+                grad_logprob[rs, cs].reshape(-1),
+                ctx.temperature,
+            )  # (n, V) float32
+            grad_logits[rs, cs] = dz.view(grad_logits[rs, cs].shape).to(logits.dtype)
         return grad_logits, None, None, None, None
 
 
 class _HiddenStats(torch.autograd.Function):
-    """hidden (N, H), weight (V, H), labels (N,) -> logprob, entropy, G (N,) without (N, V)."""
+    """hidden (B, T, H), weight (V, H), labels (B, T) -> logprob, entropy, G (B, T), never
+    building the (B, T, V) logits."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, temperature, chunk_size, want_g):  # type: ignore[override]
-        n = hidden.shape[0]
-        logprob = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty_like(logprob)
-        lse = torch.empty_like(logprob)
-        g = torch.empty_like(logprob) if want_g else None
-        for start in range(0, n, chunk_size):
-            sl = slice(start, min(n, start + chunk_size))
-            z = hidden[sl] @ weight.T  # (n, V) in the input dtype, like the model's lm_head
-            lp, ent, ls, gg = _chunk_forward(z, labels[sl], temperature, want_g)
-            logprob[sl], entropy[sl], lse[sl] = lp, ent, ls
+        logprob, entropy, lse, g = _empty_outputs(labels, want_g)
+        width = hidden.shape[-1]
+        for rs, cs in _blocks(*labels.shape, chunk_size):
+            z = hidden[rs, cs].reshape(-1, width) @ weight.T  # (n, V) in the input dtype
+            lp, ent, ls, gg = _chunk_forward(z, labels[rs, cs].reshape(-1), temperature, want_g)
+            shape = labels[rs, cs].shape
+            logprob[rs, cs], entropy[rs, cs], lse[rs, cs] = (
+                lp.view(shape),
+                ent.view(shape),
+                ls.view(shape),
+            )
             if want_g:
-                g[sl] = gg
+                g[rs, cs] = gg.view(shape)
         _check_finite(logprob, entropy, lse)
         ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
@@ -187,19 +226,25 @@ class _HiddenStats(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if grad_logprob is None or not (need_h or need_w):
             return None, None, None, None, None, None
-        n = hidden.shape[0]
-        grad_hidden = torch.empty_like(hidden) if need_h else None
+        width = hidden.shape[-1]
+        grad_hidden = (
+            torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
+        )
         grad_weight = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        )  # (V, H) float32 accumulator over chunks
-        for start in range(0, n, ctx.chunk_size):
-            sl = slice(start, min(n, start + ctx.chunk_size))
-            h = hidden[sl]  # (n, H)
-            z = h @ weight.T  # (n, V)
-            dz = _chunk_grad_z(z, labels[sl], lse[sl], grad_logprob[sl], ctx.temperature)
+        )  # (V, H) float32 accumulator over blocks
+        for rs, cs in _blocks(*labels.shape, ctx.chunk_size):
+            h = hidden[rs, cs].reshape(-1, width)  # (n, H)
+            dz = _chunk_grad_z(
+                h @ weight.T,
+                labels[rs, cs].reshape(-1),
+                lse[rs, cs].reshape(-1),
+                grad_logprob[rs, cs].reshape(-1),
+                ctx.temperature,
+            )
             dz = dz.to(hidden.dtype)  # (n, V), matmuls in the input dtype as autograd would
             if need_h:
-                grad_hidden[sl] = dz @ weight  # (n, H)
+                grad_hidden[rs, cs] = (dz @ weight).view(grad_hidden[rs, cs].shape)  # (.., H)
             if need_w and h.dtype == torch.float32:
                 grad_weight.addmm_(dz.T, h)  # (V, H), in place
             elif need_w:
@@ -220,9 +265,14 @@ def _wrap(
     )
 
 
-def _flatten(
+def _as_3d(
     x: torch.Tensor, labels: torch.Tensor, name: str, last: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate and view ``x`` (S + (D,)) and ``labels`` (S) as (B, T, D) and (B, T).
+
+    Two-dimensional ``S`` (the usual (B, T)) is used as is, so sliced model outputs are not
+    copied; 1-D ``S`` becomes (1, N); higher ranks flatten their leading dimensions.
+    """
     if not isinstance(labels, torch.Tensor):
         raise ValueError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
@@ -234,7 +284,13 @@ def _flatten(
             f"{name} must have shape labels.shape + ({last},) = {tuple(labels.shape)} + ({last},), "
             f"got {tuple(x.shape)}"
         )
-    return x.reshape(-1, x.shape[-1]), labels.reshape(-1).long()
+    labels = labels.long()
+    if labels.dim() == 0:
+        return x.reshape(1, 1, -1), labels.reshape(1, 1)
+    if labels.dim() == 1:
+        return x.unsqueeze(0), labels.unsqueeze(0)
+    cols = labels.shape[-1]
+    return x.reshape(-1, cols, x.shape[-1]), labels.reshape(-1, cols)
 
 
 def token_statistics(
@@ -261,10 +317,10 @@ def token_statistics(
         (chunk_size, V) float32 block besides the input and its gradient.
     """
     temperature = _check_temperature(temperature)
-    flat_logits, flat_labels = _flatten(logits, labels, "logits", "V")
-    _check_labels(flat_labels, flat_logits.shape[-1], "V")
-    chunk = _check_chunk_size(chunk_size, flat_logits.shape[-1])
-    lp, ent, g = _LogitsStats.apply(flat_logits, flat_labels, temperature, chunk, logit_grad_norm)
+    logits3, labels2 = _as_3d(logits, labels, "logits", "V")  # (B, T, V), (B, T)
+    _check_labels(labels2, logits3.shape[-1], "V")
+    chunk = _check_chunk_size(chunk_size, logits3.shape[-1])
+    lp, ent, g = _LogitsStats.apply(logits3, labels2, temperature, chunk, logit_grad_norm)
     return _wrap(lp, ent, g, labels.shape)
 
 
@@ -291,23 +347,23 @@ def token_statistics_from_hidden(
         through ``logprobs``.
     """
     temperature = _check_temperature(temperature)
-    flat_hidden, flat_labels = _flatten(hidden, labels, "hidden", "H")
+    hidden3, labels2 = _as_3d(hidden, labels, "hidden", "H")  # (B, T, H), (B, T)
     if not isinstance(lm_head_weight, torch.Tensor) or lm_head_weight.dim() != 2:
         raise ValueError("lm_head_weight must be a 2-D tensor of shape (V, H)")
-    if lm_head_weight.shape[1] != flat_hidden.shape[1]:
+    if lm_head_weight.shape[1] != hidden3.shape[-1]:
         raise ValueError(
-            f"lm_head_weight must have shape (V, H={flat_hidden.shape[1]}), "
+            f"lm_head_weight must have shape (V, H={hidden3.shape[-1]}), "
             f"got {tuple(lm_head_weight.shape)}"
         )
-    if lm_head_weight.dtype != flat_hidden.dtype:
+    if lm_head_weight.dtype != hidden3.dtype:
         raise ValueError(
-            f"lm_head_weight dtype {lm_head_weight.dtype} must equal hidden dtype {flat_hidden.dtype}"
+            f"lm_head_weight dtype {lm_head_weight.dtype} must equal hidden dtype {hidden3.dtype}"
         )
     vocab = lm_head_weight.shape[0]
-    _check_labels(flat_labels, vocab, "V")
+    _check_labels(labels2, vocab, "V")
     chunk = _check_chunk_size(chunk_size, vocab)
     lp, ent, g = _HiddenStats.apply(
-        flat_hidden, lm_head_weight, flat_labels, temperature, chunk, logit_grad_norm
+        hidden3, lm_head_weight, labels2, temperature, chunk, logit_grad_norm
     )
     return _wrap(lp, ent, g, labels.shape)
 
