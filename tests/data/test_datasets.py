@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -39,12 +40,22 @@ def test_every_benchmark_is_listed() -> None:
     assert set(available_benchmarks()) == set(EXPECTED)
 
 
+@pytest.fixture(scope="module")
+def math12k(shared_data: Path) -> tuple[list[Example], list[str]]:
+    """MATH-12K examples and the warnings loading them gave (loaded once: 12,000 rows)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        examples = load_benchmark("math12k", data_dir=shared_data)
+    return examples, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_benchmark_counts_ids_and_first_gold(shared_data: Path, name: str) -> None:
+def test_benchmark_counts_ids_and_first_gold(
+    shared_data: Path, name: str, request: pytest.FixtureRequest
+) -> None:
     count, first_id, first_answer = EXPECTED[name]
     if name == "math12k":
-        with pytest.warns(UserWarning, match="skipped 4 row"):
-            examples = load_benchmark(name, data_dir=shared_data)
+        examples = request.getfixturevalue("math12k")[0]
     else:
         examples = load_benchmark(name, data_dir=shared_data)
     assert len(examples) == count
@@ -55,10 +66,9 @@ def test_benchmark_counts_ids_and_first_gold(shared_data: Path, name: str) -> No
         assert examples[0].answer == first_answer
 
 
-def test_math12k_reports_the_four_bad_rows_once(shared_data: Path) -> None:
-    with pytest.warns(UserWarning) as caught:
-        examples = load_benchmark("math12k", data_dir=shared_data)
-    messages = [str(w.message) for w in caught if "skipped" in str(w.message)]
+def test_math12k_reports_the_four_bad_rows_once(math12k: tuple[list[Example], list[str]]) -> None:
+    examples, caught = math12k
+    messages = [message for message in caught if "skipped" in message]
     assert len(messages) == 1
     for bad in ("7115.json", "7117.json", "24014.json", "25040.json"):
         assert bad in messages[0]
@@ -200,6 +210,7 @@ def test_load_jsonl_dataset_answer_fn(tmp_path: Path) -> None:
     assert [e.answer for e in examples] == ["27", "\\frac12"]
 
 
+@pytest.mark.slow  # importing `datasets` takes ~5 s
 def test_load_hf_dataset_offline_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

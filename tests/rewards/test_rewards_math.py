@@ -180,6 +180,7 @@ def test_math_reward_works_from_threads() -> None:
     assert results == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.slow  # imports SymPy into the test process (~5 s)
 def test_inline_isolation_matches_process_isolation() -> None:
     cases = [(r"\boxed{\frac12}", "0.5"), (r"\boxed{3}", "4"), (r"\boxed{2\sqrt2}", r"\sqrt8")]
     for completion, gold in cases:
@@ -187,6 +188,7 @@ def test_inline_isolation_matches_process_isolation() -> None:
         assert inline == math_reward(completion, gold, timeout=30)
 
 
+@pytest.mark.slow  # imports SymPy into the test process (~5 s)
 def test_inline_isolation_bounds_time_in_the_main_thread() -> None:
     start = time.monotonic()
     assert math_reward(r"\boxed{9^{9^{9^{9}}}}", "3", timeout=1.0, isolation="inline") == 0.0

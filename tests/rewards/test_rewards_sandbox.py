@@ -23,6 +23,8 @@ from gmts.rewards.sandbox import _environment, code_reward, run_sandboxed
 BWRAP_OK = shutil.which("bwrap") is not None and _environment().bwrap_status()[0]
 needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason="bubblewrap is not usable here")
 IS_ROOT = os.geteuid() == 0
+# the sandbox runs as uid 65534 outside too (root caller, interpreter readable by 65534)
+DROPS_PRIVILEGES = _environment().run_as()[0] is not None
 BACKENDS = [pytest.param("bwrap", marks=needs_bwrap), "subprocess"]
 
 
@@ -48,6 +50,15 @@ def _wait_until_gone(marker: str, seconds: float = 5.0) -> list[int]:
             return []
         time.sleep(0.1)
     return _processes_with(marker)
+
+
+def test_bwrap_is_available_when_required() -> None:
+    # CI sets GMTS_REQUIRE_BWRAP=1 so that a runner without working bubblewrap fails loudly
+    # instead of skipping every bwrap test
+    if os.environ.get("GMTS_REQUIRE_BWRAP") != "1":
+        pytest.skip("GMTS_REQUIRE_BWRAP is not set")
+    works, reason = _environment().bwrap_status()
+    assert works, f"bubblewrap is required but unusable: {reason}"
 
 
 # ----------------------------------------------------------------------------- positive controls
@@ -103,7 +114,9 @@ def test_infinite_loop_is_killed_at_the_timeout(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fork_bomb_stops_at_the_process_limit(backend: str) -> None:
-    if backend == "subprocess" and not IS_ROOT:
+    if IS_ROOT and not DROPS_PRIVILEGES:
+        pytest.skip("the sandbox runs as root here, for whom RLIMIT_NPROC is not enforced")
+    if backend == "subprocess" and not DROPS_PRIVILEGES:
         pytest.skip("the fallback's process limit is shared with this user's other processes")
     marker = f"gmts-forkbomb-{uuid.uuid4().hex}"
     # bounded: even in a broken sandbox this makes at most 200 sleeping processes
@@ -161,6 +174,19 @@ sock.sendall(b"escaped")
     assert connections == []
 
 
+def test_fallback_does_not_isolate_the_network() -> None:
+    # a documented weakness of the fallback (docs/rewards.md): keep the docs honest
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+        assert code_reward(program, "", backend="subprocess") == 1.0
+    finally:
+        listener.close()
+
+
 @needs_bwrap
 def test_writes_outside_the_sandbox_do_not_appear(tmp_path: Path) -> None:
     open_dir = Path(tempfile.mkdtemp(prefix="gmts-world-writable-"))
@@ -182,7 +208,7 @@ def test_writes_outside_the_sandbox_do_not_appear(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_writes_to_the_repository_and_test_folder_fail(backend: str, tmp_path: Path) -> None:
-    if backend == "subprocess" and not IS_ROOT:
+    if backend == "subprocess" and not DROPS_PRIVILEGES:
         pytest.skip("the fallback runs as this user, who may write these folders")
     repo_file = Path(__file__).resolve().parents[2] / f"escaped-{uuid.uuid4().hex}.txt"
     target = tmp_path / "escaped.txt"
@@ -193,7 +219,7 @@ def test_writes_to_the_repository_and_test_folder_fail(backend: str, tmp_path: P
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_parent_environment_is_not_readable(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if backend == "subprocess" and not IS_ROOT:
+    if backend == "subprocess" and not DROPS_PRIVILEGES:
         pytest.skip("the fallback runs as this user, who may read /proc/<parent>/environ")
     secret = f"s3cret-{uuid.uuid4().hex}"
     monkeypatch.setenv("GMTS_TEST_SECRET", secret)
@@ -216,7 +242,7 @@ print("found the secret")
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_killing_the_parent_fails(backend: str) -> None:
-    if backend == "subprocess" and not IS_ROOT:
+    if backend == "subprocess" and not DROPS_PRIVILEGES:
         pytest.skip("the fallback runs as this user, who may signal this process")
     program = f"""
 import os, signal

@@ -151,9 +151,10 @@ class _Environment:
     """What this machine offers, probed once per process (thread-safe)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # bwrap_status -> _probe_bwrap -> run_as re-enter it
         self._bwrap: tuple[bool, str] | None = None
         self._warned = False
+        self._warned_root = False
         self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
         self.python_for_nobody = _choose_python(self.is_root)
 
@@ -161,6 +162,18 @@ class _Environment:
         """(uid to start the sandbox as, or None for ours; interpreter path)."""
         if self.is_root and self.python_for_nobody:
             return SANDBOX_UID, self.python_for_nobody
+        if self.is_root:
+            with self._lock:
+                warn, self._warned_root = not self._warned_root, True
+            if warn:
+                warnings.warn(
+                    "gmts.rewards: no Python interpreter that uid 65534 can run was found, so the "
+                    "code sandbox runs as root (mapped to 65534 inside bubblewrap): the process-count "
+                    "limit is not enforced for root and root-only files are readable. Install a "
+                    "system python3 (/usr/bin/python3) or run as a non-root user.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         return None, sys.executable
 
     def bwrap_status(self) -> tuple[bool, str]:
