@@ -150,3 +150,11 @@ def test_docs_reference_table_is_current():
     """docs/training.md holds the generated table (regenerate: python -m gmts.train.config)."""
     doc = (REPO / "docs" / "training.md").read_text()
     assert config_markdown_table() in doc
+
+
+@pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("wandb") is not None, reason="wandb installed"
+)
+def test_report_to_a_missing_package_is_a_config_error():
+    with pytest.raises(ValueError, match="logging.report_to: wandb is not installed"):
+        load_config(None, ["logging.report_to=wandb"])

@@ -268,3 +268,21 @@ def test_reward_errors_and_overlong_penalty_by_hand():
     got = overlong_penalty(lengths, max_new_tokens=10, buffer=4, penalty=0.5)
     assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5]))
     assert overlong_penalty(lengths, 10, 0, 1.0).abs().sum() == 0
+
+
+def test_bfloat16_with_gradient_checkpointing_runs(tiny_dir, tmp_path):
+    cfg = _tiny.small_config(
+        tiny_dir,
+        tmp_path / "run",
+        "model.dtype=bfloat16",
+        "model.gradient_checkpointing=true",
+        "optim.steps=1",
+        "optim.micro_batch_size=4",
+    )
+    trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
+    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+    before = _tiny.params_vector(trainer.model)
+    trainer.run()
+    assert not torch.equal(before, _tiny.params_vector(trainer.model))
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["update/skipped_nonfinite"] == 0

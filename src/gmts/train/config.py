@@ -237,6 +237,16 @@ class LoggingConfig:
         True, "Log the GMTS-vs-ETS selection overlap (Jaccard) and selected-token statistics."
     )
 
+    def __post_init__(self) -> None:
+        import importlib.util
+
+        package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(self.report_to)
+        _check(
+            package is None or importlib.util.find_spec(package) is not None,
+            "logging.report_to",
+            f"{self.report_to} is not installed (pip install {package})",
+        )
+
 
 @dataclass
 class TrainConfig:
