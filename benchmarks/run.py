@@ -4,7 +4,7 @@
 
 Runs each named benchmark (all by default), writes ``benchmarks/results/<name>.json`` (the
 machine, the command, the date, the commit, every repeat) and refreshes the generated tables
-in ``docs/results.md``. ``--quick`` uses tiny shapes and writes to ``benchmarks/results/quick``
+in ``docs/results.md``. ``--quick`` uses tiny shapes and writes to ``$TMPDIR/gmts-bench-quick``
 unless ``--out`` says otherwise; its figures only show that the harness works.
 """
 
@@ -15,6 +15,7 @@ import importlib
 import os
 import shlex
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
-    out_dir = args.out or (DEFAULT_RESULTS_DIR / "quick" if args.quick else DEFAULT_RESULTS_DIR)
+    quick_dir = Path(tempfile.gettempdir()) / "gmts-bench-quick"
+    out_dir = args.out or (quick_dir if args.quick else DEFAULT_RESULTS_DIR)
     options = BenchOptions(
         quick=args.quick,
         threads=args.threads,

@@ -27,8 +27,18 @@ class StepShape:
 
 
 def warm_model_path(seed: int = 0) -> Path:
-    """The cached warm start of the embedded task (trained on first use: ~1 min idle)."""
+    """The cached warm start of the embedded task (trained on first use: ~1 min idle).
+
+    ``GMTS_BENCH_MODEL=<dir>`` replaces it with any local causal-LM directory (with tokenizer)
+    whose vocabulary covers the task's characters.
+    """
+    import os
+
     from gmts.train.warmstart import warm_start
+
+    override = os.environ.get("GMTS_BENCH_MODEL")
+    if override:
+        return Path(override)
 
     return warm_start(TASK, seed=seed, progress=False)
 
