@@ -209,7 +209,8 @@ def test_tiny_model_trains_with_gmts_and_logs_selection_metrics(model_dir):
 
 @pytest.mark.slow
 def test_trl_two_processes_select_globally(model_dir, tmp_path):
-    """torchrun, 2 CPU processes: k = ceil(ratio * N) with N summed over both processes."""
+    """torchrun, 2 CPU processes, 2 accumulated micro-batches: k = ceil(ratio * N), N summed
+    over both processes and both micro-batches of each optimizer step."""
     import json
     import os
     import subprocess
@@ -234,14 +235,17 @@ def test_trl_two_processes_select_globally(model_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["num_processes"] == 2 for r in ranks)
-    steps = list(zip(ranks[0]["records"], ranks[1]["records"]))
-    assert len(steps) == 3
-    for r0, r1 in steps:
-        n_global = r0["local_valid_tokens"] + r1["local_valid_tokens"]
-        assert r0["valid_tokens"] == r1["valid_tokens"] == n_global
-        k_global = r0["local_selected_tokens"] + r1["local_selected_tokens"]
-        assert r0["selected_tokens"] == r1["selected_tokens"] == k_global
-        assert k_global == math.ceil(0.3 * n_global)
+    records = [r["records"] for r in ranks]
+    assert len(records[0]) == len(records[1]) == 6  # 3 steps x 2 micro-batches
+    for step in range(3):
+        micro = [rec[2 * step : 2 * step + 2] for rec in records]  # [rank][micro-batch]
+        n_step = sum(m["local_valid_tokens"] for rank in micro for m in rank)
+        k_step = sum(m["local_selected_tokens"] for rank in micro for m in rank)
+        for rank in micro:
+            for m in rank:
+                assert m["unit_valid_tokens"] == n_step  # one unit: both ranks, both micro-batches
+                assert m["unit_selected_tokens"] == k_step
+        assert k_step == math.ceil(0.3 * n_step)
     # DDP kept both replicas identical, and training moved them
     assert ranks[0]["checksum_after"] == pytest.approx(ranks[1]["checksum_after"], rel=1e-9)
     assert ranks[0]["checksum_after"] != ranks[0]["checksum_before"]

@@ -389,3 +389,19 @@ def test_gmts_loss_function_pickles_for_ray():
     n_valid = int(data["response_mask"].sum())
     assert torch.isfinite(loss)
     assert metrics["gmts/selected_fraction"] == pytest.approx(math.ceil(0.2 * n_valid) / n_valid)
+
+
+def test_when_imported_handles_submodules_of_packages(tmp_path, monkeypatch):
+    package = tmp_path / "gmts_fake_pkg"
+    (package / "workers").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "workers" / "__init__.py").write_text("")
+    (package / "workers" / "engine.py").write_text("class BaseEngine:\n    NAME = 'base'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    plugin.when_imported("gmts_fake_pkg.workers.engine", lambda m: seen.append(m.BaseEngine.NAME))
+    import gmts_fake_pkg.workers.engine as engine_module
+
+    assert seen == ["base"]
+    assert engine_module.__spec__.name == "gmts_fake_pkg.workers.engine"
+    assert "gmts_fake_pkg.workers.engine" not in plugin._pending

@@ -1,7 +1,8 @@
 """Run by test_trl_two_processes_select_globally under torchrun (2 CPU processes, gloo).
 
-Trains GMTSGRPOTrainer for a few steps and writes, per rank, the local and global token counts
-of every micro-batch and a parameter checksum to ``<out_dir>/rank<r>.json``.
+Trains GMTSGRPOTrainer for 3 optimizer steps of 2 accumulated micro-batches (selection unit:
+the whole step) and writes, per rank, the local and global token counts of every micro-batch
+and a parameter checksum to ``<out_dir>/rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main(model_dir: str, out_dir: str) -> None:
         num_generations=4,
         max_completion_length=8,
         max_steps=3,
+        gradient_accumulation_steps=2,
         logging_steps=1,
         save_strategy="no",
         learning_rate=1e-2,

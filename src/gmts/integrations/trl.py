@@ -149,13 +149,12 @@ def check_trl_args(args: Any) -> None:
             f"loss_type={args.loss_type!r}: supported are {list(SUPPORTED_LOSS_TYPES)} "
             "(other losses have a different per-token gradient than the clipped objective)"
         )
-    if args.top_entropy_quantile < 1.0 and selection.score != "none":
+    if args.top_entropy_quantile < 1.0:
         problems.append(
-            "top_entropy_quantile < 1 is TRL's own entropy mask; use gmts_score='entropy' with "
-            "gmts_ratio instead (or gmts_score='none' to keep TRL's mask alone is not supported)"
+            "top_entropy_quantile < 1 is TRL's own entropy mask; set it to 1.0 and use "
+            "gmts_score='entropy' with gmts_ratio (and gmts_normalize='all', "
+            "gmts_kl_tokens='all' to reproduce TRL's loss)"
         )
-    elif args.top_entropy_quantile < 1.0:
-        problems.append("top_entropy_quantile < 1 is not supported by GMTSGRPOTrainer")
     if args.importance_sampling_level != "token":
         problems.append(
             f"importance_sampling_level={args.importance_sampling_level!r}: only 'token' "

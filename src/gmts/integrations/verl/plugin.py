@@ -118,6 +118,9 @@ def wrap_loss_fn(loss_fn: Any) -> Any:
     from verl.workers.utils.losses import ppo_loss
 
     if loss_fn.func is not ppo_loss or "config" not in loss_fn.keywords:
+        name = getattr(loss_fn.func, "__name__", repr(loss_fn.func))
+        if name not in ("value_loss", "sft_loss"):  # critic / SFT: nothing to select
+            logger.warning("gmts: loss function %s left unchanged (GMTS wraps ppo_loss only)", name)
         return loss_fn
     from gmts.integrations.verl.loss import GMTSPolicyLoss
 
