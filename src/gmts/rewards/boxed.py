@@ -78,7 +78,11 @@ def extract_boxed(text: str) -> str | None:
     starts = _find_box_starts(text)
     if not starts:
         return None
-    matches = _matching_braces(text)
+    # braces before the first box cannot belong to any box's argument
+    offset = starts[0][0]
+    matches = {
+        open_ + offset: close + offset for open_, close in _matching_braces(text[offset:]).items()
+    }
     for _start, end in reversed(starts):
         argument = _read_argument(text, end, matches)
         if argument is not None:
