@@ -374,3 +374,22 @@ def test_training_with_accumulation_selects_over_the_optimizer_step(model_dir):
     last = trainer.gmts_last
     assert last["unit_selected_tokens"] == math.ceil(0.2 * last["unit_valid_tokens"])
     assert last["unit_valid_tokens"] > last["valid_tokens"]  # the step spans 2 micro-batches
+
+
+@pytest.mark.slow
+def test_cli_trains_the_tiny_model_end_to_end(model_dir, tmp_path):
+    from gmts.integrations.trl_cli import main
+
+    data = tmp_path / "train.jsonl"
+    rows = [{"problem": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(2)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "run"
+    argv = [
+        "--model_name_or_path", model_dir, "--train_file", str(data), "--template", "plain",
+        "--reward", "math", "--output_dir", str(out), "--use_cpu", "true", "--bf16", "false",
+        "--gradient_checkpointing", "false", "--report_to", "none", "--max_steps", "1",
+        "--per_device_train_batch_size", "4", "--num_generations", "4",
+        "--max_completion_length", "6", "--save_strategy", "no", "--gmts_score", "entropy",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert (out / "config.json").is_file()
