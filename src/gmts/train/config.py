@@ -255,6 +255,11 @@ class TrainConfig:
         "Sets the objective preset (ObjectiveConfig.preset) and the dynamic-sampling default.",
     )
     seed: int = _f(0, "Seed for data order, sampling, random scores and initialisation.")
+    threads: int | None = _f(
+        None,
+        "torch.set_num_threads for this process (null: torch's default). Results are exactly "
+        "reproducible only with the same thread count.",
+    )
     model: ModelConfig = _f(help="The policy model.", default_factory=ModelConfig)
     data: DataConfig = _f(help="Training and evaluation data.", default_factory=DataConfig)
     rollout: RolloutConfig = _f(help="Sampling and rewards.", default_factory=RolloutConfig)
@@ -277,6 +282,7 @@ class TrainConfig:
             "algorithm",
             f"expected one of {list(ALGORITHMS)}, got {self.algorithm!r}",
         )
+        _check(self.threads is None or self.threads >= 1, "threads", "must be >= 1 or null")
         if self.objective is None:
             self.objective = ObjectiveConfig.preset(self.algorithm)
         if self.rollout.dynamic_sampling is None:

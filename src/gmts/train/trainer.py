@@ -149,6 +149,8 @@ class Trainer:
             if value % world:
                 raise ValueError(f"{name} ({value}) must be divisible by the {world} processes")
         self.device = resolve_device(cfg.model.device, self.info)
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.logging.output_dir)
