@@ -422,7 +422,7 @@ class Trainer:
                 self.save()
         if bar is not None:
             bar.close()
-        if cfg.checkpoint.save_final and (self.resume_from is None or cfg.optim.steps > 0):
+        if cfg.checkpoint.save_final:
             self.save()
         result.eval_after = self.evaluate()
         if result.eval_after is not None:
