@@ -243,7 +243,8 @@ class GMTSGRPOTrainer(GRPOTrainer):
         completion_ids = inputs["completion_ids"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        extra = {key: inputs.get(key) for key in _EXTRA_MODEL_INPUTS}
+        # only what is present: older TRL versions lack some of these keyword arguments
+        extra = {key: inputs[key] for key in _EXTRA_MODEL_INPUTS if inputs.get(key) is not None}
         out = self._get_per_token_logps_and_entropies(
             model,
             input_ids,
