@@ -141,6 +141,14 @@ def test_wrong_answers_score_zero(completion: str, gold: object) -> None:
     assert math_reward(completion, gold) == 0.0  # type: ignore[arg-type]
 
 
+def test_missing_math_verify_is_a_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gmts.rewards.math_verifier as verifier
+
+    monkeypatch.setattr(verifier, "_math_verify_installed", lambda: False)
+    with pytest.raises(ImportError, match="gmts\\[rewards\\]"):
+        math_reward(r"\boxed{1}", "1")
+
+
 def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError, match="timeout"):
         math_reward(r"\boxed{1}", "1", timeout=0)
@@ -220,3 +228,24 @@ def test_pool_replaces_a_killed_worker() -> None:
         assert pool._idle and pool._idle[0] is not worker
     finally:
         pool.close()
+
+
+@pytest.mark.slow  # starts a fresh worker (~10 s)
+def test_pool_caps_its_worker_processes() -> None:
+    pool = MathVerifierPool(max_workers=1)
+    results: list[bool] = []
+    try:
+        threads = [
+            threading.Thread(target=lambda: results.append(pool.check("1/2", "0.5", 60.0)))
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [True] * 4
+        assert len(pool._idle) == 1  # four threads, one process
+    finally:
+        pool.close()
+    with pytest.raises(ValueError, match="max_workers"):
+        MathVerifierPool(max_workers=0)

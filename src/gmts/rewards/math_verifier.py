@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import importlib.util
 import json
 import logging
 import os
@@ -119,12 +121,21 @@ class _Worker:
 class MathVerifierPool:
     """Thread-safe pool of math workers; `check` never raises and never outlives its timeout.
 
-    A call hands its comparison to an idle worker (starting one if none is idle). A worker that
+    A call hands its comparison to an idle worker (starting one if none is idle; at most
+    ``max_workers`` run at once, default ``min(8, cpu_count)``). A worker that
     misses the deadline is killed and replaced on a later call. After ``fork`` the child process
     leaves the parent's workers alone and starts its own.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_workers: int | None = None) -> None:
+        if max_workers is None:
+            max_workers = min(8, os.cpu_count() or 1)
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self.max_workers = max_workers
+        # callers beyond max_workers wait here (not counted in their timeout): each worker
+        # holds SymPy in memory, so 64 reward threads must not mean 64 processes
+        self._slots = threading.BoundedSemaphore(max_workers)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._pid = os.getpid()
@@ -159,6 +170,10 @@ class MathVerifierPool:
 
     def check(self, predicted: str, gold: str, timeout: float) -> bool:
         """Whether ``predicted`` matches ``gold``; False on timeout, crash or any error."""
+        with self._slots:
+            return self._check(predicted, gold, timeout)
+
+    def _check(self, predicted: str, gold: str, timeout: float) -> bool:
         worker = self._take()
         if worker is None:
             return check_inline(predicted, gold, timeout)
@@ -208,6 +223,11 @@ def check_inline(predicted: str, gold: str, timeout: float) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
+def _math_verify_installed() -> bool:
+    return importlib.util.find_spec("math_verify") is not None
+
+
 _POOL = MathVerifierPool()
 atexit.register(_POOL.close)
 ISOLATIONS = ("process", "inline")
@@ -234,6 +254,8 @@ def math_reward(
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if not _math_verify_installed():
+        raise ImportError("math_reward needs the math-verify package: pip install 'gmts[rewards]'")
     predicted = extract_boxed(completion) if isinstance(completion, str) else None
     if not predicted or answer is None:
         return 0.0
