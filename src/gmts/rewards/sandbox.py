@@ -75,7 +75,8 @@ def _gmts_runner():
         (resource.RLIMIT_CORE, (0, 0)),
     ]
     for which, value in limits:
-        resource.setrlimit(which, value)
+        if value[0] >= 0:
+            resource.setrlimit(which, value)
     marker = os.dup(1)
     del data, cpu, address_space, file_size, processes, open_files, limits
     sys.argv = ["program.py"]
@@ -288,8 +289,11 @@ def _bwrap_command(bwrap: str, python: str, sized_tmpfs: bool, tmpfs_bytes: int)
     return command
 
 
-def _count_processes_of(uid: int) -> int:
-    """Processes currently owned by ``uid`` (the fallback's RLIMIT_NPROC counts them all)."""
+def _count_processes_of(uid: int) -> int | None:
+    """Processes currently owned by ``uid`` (the fallback's RLIMIT_NPROC counts them all);
+    None where there is no /proc to count them in."""
+    if not os.path.isdir("/proc"):
+        return None
     count = 0
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -385,7 +389,8 @@ def run_sandboxed(
     processes = max_processes
     if chosen == "subprocess":
         # RLIMIT_NPROC counts every process of the real uid, not just the sandbox's
-        processes += _count_processes_of(uid if uid is not None else os.getuid())
+        existing = _count_processes_of(uid if uid is not None else os.getuid())
+        processes = -1 if existing is None else processes + existing  # -1: leave it unset
     runner_args = [
         str(math.ceil(timeout) + 1),
         str(memory_mb * 1024**2),
