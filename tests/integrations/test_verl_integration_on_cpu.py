@@ -405,3 +405,30 @@ def test_when_imported_handles_submodules_of_packages(tmp_path, monkeypatch):
     assert seen == ["base"]
     assert engine_module.__spec__.name == "gmts_fake_pkg.workers.engine"
     assert "gmts_fake_pkg.workers.engine" not in plugin._pending
+
+
+@pytest.mark.slow
+def test_verl_selection_is_global_over_data_parallel_ranks(tmp_path):
+    """2 gloo ranks with half a mini-batch each == one process with all of it (masks, S and
+    gradients after verl's data-parallel gradient averaging)."""
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("verl_two_rank_worker.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", "29533", str(worker), str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    reference = ranks[0]["reference"]
+    both = torch.cat([ranks[0]["selected"], ranks[1]["selected"]])
+    assert torch.equal(both, reference["selected"])
+    assert ranks[0]["num_selected"] == ranks[1]["num_selected"] == reference["num_selected"]
+    # FSDP averages gradients over the 2 ranks: per-token gradient / dp_size == reference
+    grads = torch.cat([ranks[0]["grad"], ranks[1]["grad"]]) / 2
+    torch.testing.assert_close(grads, reference["grad"], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(
+        (ranks[0]["loss"] + ranks[1]["loss"]) / 2, reference["loss"], rtol=1e-6, atol=1e-9
+    )
