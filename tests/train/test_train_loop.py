@@ -286,3 +286,27 @@ def test_bfloat16_with_gradient_checkpointing_runs(tiny_dir, tmp_path):
     assert not torch.equal(before, _tiny.params_vector(trainer.model))
     (row,) = read_metrics(tmp_path / "run")
     assert row["update/skipped_nonfinite"] == 0
+
+
+def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
+    """gmts demo's driver on a tiny budget (the warm start replaced by the tiny model)."""
+    import gmts.train.warmstart as warmstart
+    from gmts.train.demo import DemoSettings, format_table, run_demo
+
+    monkeypatch.setattr(warmstart, "warm_start", lambda *a, **k: tiny_dir)
+    settings = DemoSettings(
+        steps=1,
+        questions=2,
+        group_size=2,
+        eval_questions=4,
+        eval_samples=2,
+        output_dir=str(tmp_path / "demo"),
+    )
+    result = run_demo(settings, progress=False)
+    assert [r.method for r in result.rows] == ["all tokens", "ETS top 20%", "GMTS top 20%"]
+    assert [round(r.selected_fraction, 1) for r in result.rows][0] == 1.0
+    assert all(0.2 <= r.selected_fraction < 0.5 for r in result.rows[1:])
+    table = format_table(result)
+    assert "GMTS top 20%" in table and "avg@2 before" in table
+    for score in ("none", "entropy", "gmts"):
+        assert len(read_metrics(tmp_path / "demo" / score)) == 1
