@@ -297,7 +297,7 @@ def render(record: dict[str, Any]) -> str:
         body = RENDERERS.get(name, render_generic)(record) + render_goals(record)
     machine = record.get("machine", {})
     provenance = (
-        f"_Run {record.get('date')} at commit `{record.get('commit')}` with "
+        f"_Run finished {record.get('date')}, code at commit `{record.get('commit')}` with "
         f"`{record.get('command')}` ({record.get('threads')} torch thread(s), "
         f"{record.get('wall_s')} s wall). Load before: `{machine.get('uptime', '?')}`; "
         f"after: `{record.get('uptime_after', '?')}`._"
@@ -335,7 +335,7 @@ def render_machine(records: list[dict[str, Any]]) -> str:
     ]
     lines.append(
         _table(
-            ["benchmark", "started (UTC)", "wall", "load before (1/5/15 min)", "load after"], rows
+            ["benchmark", "finished (UTC)", "wall", "load before (1/5/15 min)", "load after"], rows
         )
     )
     return "\n".join(lines)

@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"[bench] {name} ...", flush=True)
         machine_before = machine_description()
+        started = utc_now()
         start = time.perf_counter()
         try:
             module = importlib.import_module(BENCHMARKS[name])
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 "command": command.strip(),
                 "quick": args.quick,
                 "threads": args.threads,
+                "started": started,
                 "date": utc_now(),
                 "commit": commit,
                 "wall_s": round(time.perf_counter() - start, 2),
