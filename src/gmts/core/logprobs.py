@@ -308,7 +308,7 @@ def token_statistics(
             ``temperature`` before the softmax.
         labels: ``S`` integer token ids in [0, V).
         temperature: > 0.
-        chunk_size: token rows per chunk (default: about 2^24 / V).
+        chunk_size: tokens per block (default: about 2^24 / V, a 64 MiB float32 block).
         logit_grad_norm: also compute G_t (Proposition 3.1) in the same pass.
 
     Returns:
