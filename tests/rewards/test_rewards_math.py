@@ -249,3 +249,10 @@ def test_pool_caps_its_worker_processes() -> None:
         pool.close()
     with pytest.raises(ValueError, match="max_workers"):
         MathVerifierPool(max_workers=0)
+
+
+def test_answers_too_long_to_parse_compare_as_strings() -> None:
+    long_answer = "x+" * 1000 + "1"
+    assert math_reward(r"\boxed{" + long_answer + "}", long_answer) == 1.0
+    assert math_reward(r"\boxed{" + long_answer + "}", long_answer + "+1") == 0.0
+    assert math_reward(r"\boxed{" + long_answer + "}", "1") == 0.0

@@ -64,18 +64,23 @@ def _quiet_math_verify() -> None:
 @lru_cache(maxsize=4096)
 def _parse(answer: str) -> tuple:
     """math-verify parse of an already normalised answer, wrapped in a box (cached)."""
+    if not answer or len(answer) > MAX_ANSWER_CHARS:
+        return ()
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     _quiet_math_verify()
-
-    if not answer or len(answer) > MAX_ANSWER_CHARS:
-        return ()
     parsed = parse(
         "\\boxed{" + answer + "}",
         extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
         parsing_timeout=None,  # our worker process bounds the time (signal-free)
     )
     return tuple(parsed)
+
+
+def strings_match(predicted: str, gold: str) -> bool:
+    """Whether two answers are equal after `normalize_answer`, up to whitespace (no parsing)."""
+    predicted_norm, gold_norm = normalize_answer(predicted), normalize_answer(gold)
+    return bool(predicted_norm) and _squash(predicted_norm) == _squash(gold_norm)
 
 
 def answers_match(predicted: str, gold: str) -> bool:

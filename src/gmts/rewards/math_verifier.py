@@ -2,12 +2,12 @@
 
 Why a process: math-verify bounds its own run time with ``signal.alarm``, which only works in
 the main thread (it raises ``ValueError`` in trainer/reward worker threads) and cannot interrupt
-long C-level work such as SymPy evaluating ``9^{9^{9^{9}}}`` (a Python big-integer power never
-returns to the interpreter to run a signal handler). A separate process can always be killed.
+long C-level work (one huge big-integer operation never returns to the interpreter to run the
+signal handler). A separate process can always be killed.
 
 Design:
 - The parent keeps a small pool of long-lived worker processes (one per concurrently calling
-  thread) that talk JSON lines over pipes. A worker imports math-verify once, so a call costs
+  thread, at most ``max_workers``) that talk JSON lines over pipes. A worker imports math-verify once, so a call costs
   a parse and a verify plus well under a millisecond of pipe traffic.
 - Inside the worker (its main thread), a ``setitimer`` alarm raises a ``BaseException`` after
   the call's budget, which math-verify's ``except Exception`` handlers cannot swallow; math-verify's
@@ -27,7 +27,6 @@ import contextlib
 import functools
 import importlib.util
 import json
-import logging
 import os
 import select
 import signal
@@ -39,9 +38,13 @@ import warnings
 from pathlib import Path
 
 from gmts.rewards.boxed import extract_boxed
-from gmts.rewards.math_answer import answers_match, check_with_deadline, normalize_answer
-
-logger = logging.getLogger(__name__)
+from gmts.rewards.math_answer import (
+    MAX_ANSWER_CHARS,
+    answers_match,
+    check_with_deadline,
+    normalize_answer,
+    strings_match,
+)
 
 # first start imports SymPy and math-verify; on a loaded 2-core machine that takes seconds
 WORKER_START_TIMEOUT_S = 120.0
@@ -260,6 +263,9 @@ def math_reward(
     if not predicted or answer is None:
         return 0.0
     gold = answer if isinstance(answer, str) else normalize_answer(answer)
+    if len(predicted) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
+        # far too long to parse: only an exact (normalised) match counts
+        return 1.0 if strings_match(predicted, gold) else 0.0
     if isolation == "inline":
         return 1.0 if check_inline(predicted, gold, float(timeout)) else 0.0
     return 1.0 if _POOL.check(predicted, gold, float(timeout)) else 0.0
