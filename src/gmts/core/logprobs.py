@@ -87,12 +87,13 @@ def _chunk_forward(
     lse = torch.logsumexp(z, dim=-1)  # (n,)
     logp_all = z - lse[:, None]  # (n, V)
     p = logp_all.exp()  # (n, V)
-    entropy = -(p * logp_all).sum(-1)  # (n,)
+    entropy = -torch.einsum("nv,nv->n", p, logp_all)  # (n,); a batched dot, no (n, V) temp
     logprob = logp_all.gather(-1, labels[:, None]).squeeze(-1)  # (n,)
     g = None
     if want_g:
         p_t = logprob.exp()
-        g = (1.0 - 2.0 * p_t + (p * p).sum(-1)).clamp_min(0.0).sqrt()
+        sum_p2 = torch.einsum("nv,nv->n", p, p)  # (n,)
+        g = (1.0 - 2.0 * p_t + sum_p2).clamp_min(0.0).sqrt()
     return logprob, entropy, lse, g
 
 
