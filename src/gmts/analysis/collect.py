@@ -22,8 +22,7 @@ import torch
 
 from gmts.analysis.gradnorms import (
     DEFAULT_MAX_CHUNK_BYTES,
-    batched_grad_norms,
-    row_response_logprobs,
+    row_gradient_norms,
     trainable_parameters,
     unpadded_row,
 )
@@ -121,6 +120,7 @@ def analyze_rollout(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     std_normalize: bool = True,
+    method: str = "auto",
 ) -> TokenAnalysis:
     """Measure every response token of ``rollout`` (a :class:`gmts.train.rollout.Rollout`).
 
@@ -133,6 +133,8 @@ def analyze_rollout(
         chunk_size / max_chunk_bytes: see :func:`gmts.analysis.gradnorms.batched_grad_norms`.
         clip_low / clip_high: the clip range passed to omega (inactive on-policy, r = 1).
         std_normalize: GRPO advantages (True) or mean-centred ones (False).
+        method: how the true norms are computed: "auto" (batched VJPs, falling back to the
+            per-token loop if the model's backward cannot be vmapped), "batched" or "loop".
 
     Returns:
         A :class:`TokenAnalysis` on the CPU.
@@ -155,19 +157,25 @@ def analyze_rollout(
     grad_logprob = torch.zeros(B, T)
     was_training = model.training
     model.eval()  # dropout off: the measured gradients are those of the sampling policy
+    methods_used: set[str] = set()
     start = time.perf_counter()
     try:
         for b in range(B):
             ids, n = unpadded_row(input_ids[b], attention_mask[b], response_mask[b])
             if n == 0:
                 continue
-            with torch.enable_grad():
-                logits, labels = row_response_logprobs(model, ids, n, temperature=temperature)
-                logprobs = torch.log_softmax(logits, -1).gather(-1, labels[:, None])[:, 0]  # (n,)
-                norms = batched_grad_norms(
-                    logprobs, params, chunk_size=chunk_size, max_chunk_bytes=max_chunk_bytes
-                )  # (n,)
-            stats = token_statistics(logits.detach(), labels, logit_grad_norm=True)
+            logits, labels, norms, used = row_gradient_norms(
+                model,
+                ids,
+                n,
+                params,
+                temperature=temperature,
+                method=method,
+                chunk_size=chunk_size,
+                max_chunk_bytes=max_chunk_bytes,
+            )  # (n, V), (n,), (n,)
+            methods_used.add(used)
+            stats = token_statistics(logits, labels, logit_grad_norm=True)
             logprob[b, :n] = stats.logprobs.detach().cpu()
             entropy[b, :n] = stats.entropy.cpu()
             logit_grad[b, :n] = stats.logit_grad_norm.cpu()
@@ -212,6 +220,7 @@ def analyze_rollout(
             "num_parameters": sum(p.numel() for p in params),
             "omega": "on-policy (r = 1), no KL: omega = group-normalised advantage",
             "std_normalize": std_normalize,
+            "gradient_method": sorted(methods_used),
         },
     )
 
@@ -228,6 +237,7 @@ def sample_and_analyze(
     max_new_tokens: int | None = None,
     chunk_size: int | None = None,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    method: str = "auto",
 ) -> TokenAnalysis:
     """Sample ``samples`` answers for each of ``questions`` problems of ``task``, then measure.
 
@@ -266,6 +276,7 @@ def sample_and_analyze(
         temperature=temperature,
         chunk_size=chunk_size,
         max_chunk_bytes=max_chunk_bytes,
+        method=method,
     )
     analysis.timings["sample_seconds"] = sample_seconds
     analysis.meta.update(

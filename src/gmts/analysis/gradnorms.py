@@ -23,6 +23,7 @@ against autograd of ``l_t`` itself, KL term and clipping included).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -38,7 +39,9 @@ __all__ = [
     "loop_grad_norms",
     "unpadded_row",
     "row_response_logprobs",
+    "row_gradient_norms",
     "token_gradient_norms",
+    "METHODS",
 ]
 
 
@@ -63,7 +66,10 @@ def _squared_norms(grads: Sequence[torch.Tensor | None], rows: int, device) -> t
     total = torch.zeros(rows, dtype=torch.float64, device=device)
     for g in grads:
         if g is not None:  # a parameter the outputs do not depend on contributes 0
-            total += g.reshape(rows, -1).to(torch.float64).pow(2).sum(dim=1)
+            # per-parameter norms in the gradient's dtype (fp32 pairwise sums are far more
+            # precise than the 1e-5 the tests ask for), accumulated across parameters in fp64
+            part = torch.linalg.vector_norm(g.reshape(rows, -1), dim=1, dtype=torch.float32)
+            total += part.to(torch.float64).square()
     return total
 
 
@@ -179,6 +185,57 @@ def row_response_logprobs(
     return logits, ids[L - n_response :]
 
 
+METHODS = ("auto", "batched", "loop")
+
+
+def row_gradient_norms(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    n_response: int,
+    params: Sequence[torch.Tensor],
+    *,
+    temperature: float = 1.0,
+    method: str = "auto",
+    chunk_size: int | None = None,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """One forward pass of an unpadded sequence and the exact norms of its response tokens.
+
+    Args:
+        ids: ``(L,)`` the sequence; its last ``n_response`` tokens are the response.
+        method: "batched" (chunked batched VJPs), "loop" (one backward per token) or "auto"
+            (batched; if the model's backward cannot be vmapped -- a RuntimeError -- warn once and
+            redo the row with the loop).
+
+    Returns:
+        ``(logits (n, V) float32 detached, labels (n,), norms (n,) float32, method used)``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
+    with torch.enable_grad():
+        logits, labels = row_response_logprobs(model, ids, n_response, temperature=temperature)
+        logprobs = torch.log_softmax(logits, -1).gather(-1, labels[:, None])[:, 0]  # (n,)
+        if method == "loop":
+            return logits.detach(), labels, loop_grad_norms(logprobs, params), "loop"
+        try:
+            norms = batched_grad_norms(
+                logprobs, params, chunk_size=chunk_size, max_chunk_bytes=max_chunk_bytes
+            )
+            return logits.detach(), labels, norms, "batched"
+        except RuntimeError as exc:
+            if method == "batched":
+                raise
+            warnings.warn(
+                f"batched per-token gradients failed ({str(exc).splitlines()[0][:200]}); "
+                "falling back to one backward pass per token",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        logits, labels = row_response_logprobs(model, ids, n_response, temperature=temperature)
+        logprobs = torch.log_softmax(logits, -1).gather(-1, labels[:, None])[:, 0]
+        return logits.detach(), labels, loop_grad_norms(logprobs, params), "loop"
+
+
 def token_gradient_norms(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -200,13 +257,13 @@ def token_gradient_norms(
         input_ids: ``(B, P + T)`` prompts left-padded, then responses right-padded.
         attention_mask: ``(B, P + T)``.
         response_mask: ``(B, T)`` bool, True on response tokens (EOS included).
-        method: "batched" (chunked batched VJPs) or "loop" (reference, one backward per token).
+        method: "batched", "loop" (the reference) or "auto"; see :func:`row_gradient_norms`.
 
     Returns:
         ``(B, T)`` float32, 0 where ``response_mask`` is False.
     """
-    if method not in ("batched", "loop"):
-        raise ValueError(f"method: expected 'batched' or 'loop', got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"input_ids/attention_mask: expected equal (B, L) shapes, got "
@@ -221,14 +278,15 @@ def token_gradient_norms(
         ids, n = unpadded_row(input_ids[b], attention_mask[b], response_mask[b])
         if n == 0:
             continue
-        with torch.enable_grad():
-            logits, labels = row_response_logprobs(model, ids, n, temperature=temperature)
-            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None])[:, 0]  # (n,)
-            if method == "batched":
-                row = batched_grad_norms(
-                    logprobs, params, chunk_size=chunk_size, max_chunk_bytes=max_chunk_bytes
-                )
-            else:
-                row = loop_grad_norms(logprobs, params)
+        _, _, row, _ = row_gradient_norms(
+            model,
+            ids,
+            n,
+            params,
+            temperature=temperature,
+            method=method,
+            chunk_size=chunk_size,
+            max_chunk_bytes=max_chunk_bytes,
+        )
         norms[b, :n] = row.to(norms.device)
     return norms

@@ -111,9 +111,8 @@ def _across_answers(a: TokenAnalysis, report: dict[str, Any], path: Path, plt) -
         ax.set_yscale("log")
         rho = pooled[name]
         ax.set_title(
-            f"{_LABELS[name]} vs true ||grad l||  (Spearman {rho:.2f})"
-            if rho is not None
-            else _LABELS[name]
+            f"{_LABELS[name]}: Spearman {rho:.3f}" if rho is not None else _LABELS[name],
+            fontsize=9,
         )
         ax.set_xlabel(_LABELS[name])
         ax.set_ylabel("||grad_theta l_t||")
@@ -132,11 +131,11 @@ def _across_answers(a: TokenAnalysis, report: dict[str, Any], path: Path, plt) -
         ax.axhline(0, color="k", lw=0.5)
         ax.legend(fontsize=7)
     skipped = report["per_group"]["skipped_groups"]
-    ax.set_title(
-        f"Spearman with ||grad l|| per group ({skipped} zero-advantage groups skipped)", fontsize=9
-    )
+    ax.set_title(f"Spearman with ||grad l|| per group ({skipped} skipped: A = 0)", fontsize=9)
     ax.set_xlabel("question group")
-    ax.set_ylim(-1, 1)
+    lows = [g["spearman"][n] for g in groups for n in ("entropy", "gmts", "logit-grad")]
+    low = min([v for v in lows if v is not None] + [1.0])
+    ax.set_ylim(min(0.0, low) - 0.05 if low < 0.5 else low - 0.05, 1.0)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -174,12 +173,18 @@ def _eps(a: TokenAnalysis, report: dict[str, Any], path: Path, plt) -> None:
     if bins:
         centres = [np.sqrt(max(b["eps_low"], 1e-8) * b["eps_high"]) for b in bins]
         ax.plot(centres, [b["median_ratio"] for b in bins], "k-o", ms=4, label="binned median")
-        ax.legend(fontsize=7)
+    # reference: p on the sampled token and the rest on ONE other token (G = sqrt(2) eps)
+    grid = np.logspace(-8, np.log10(0.3), 200)
+    e2 = -(1 - grid) * np.log1p(-grid) - grid * np.log(grid)
+    g2 = np.sqrt(2.0) * grid
+    ax.plot(grid, np.log(g2) / np.log(e2), "g:", lw=1.2, label="two-token distribution")
+    ax.legend(fontsize=7)
     ax.axhline(1.0, color="r", ls="--", lw=1)
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("eps = 1 - p")
     ax.set_ylabel("log G_t / log E_t")
-    ax.set_title("Prop. 3.1: the ratio tends to 1 as eps -> 0", fontsize=9)
+    ax.set_title("Prop. 3.1: log G / log E -> 1 as eps -> 0 (slowly)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

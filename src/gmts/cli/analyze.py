@@ -67,6 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory budget of one chunk of per-token gradients",
     )
     parser.add_argument(
+        "--method",
+        default="auto",
+        choices=("auto", "batched", "loop"),
+        help="true-norm engine: batched VJPs, one backward per token, or auto (batched, falling "
+        "back to the loop if the model's backward cannot be vmapped)",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
     )
 
@@ -194,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         chunk_size=args.chunk_size,
         max_chunk_bytes=args.chunk_mib * 2**20,
+        method=args.method,
     )
     analysis.meta.update(model=str(model_dir), device=str(device), dtype=args.dtype)
     report = build_report(analysis, ratio=args.ratio)
