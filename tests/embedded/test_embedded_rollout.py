@@ -212,3 +212,36 @@ def test_bad_arguments(models, tok):
         generate_rollouts(model, tok, PROMPTS, num_samples=1, max_new_tokens=3, sampler="vllm")
     with pytest.raises(ValueError, match="temperature"):
         generate_rollouts(model, tok, PROMPTS, num_samples=1, max_new_tokens=3, temperature=-1)
+
+
+@pytest.mark.parametrize("sampler", ["cache-loop", "generate"])
+def test_samples_follow_the_plain_softmax(tok, sampler):
+    """First-token frequencies match softmax(logits / T), whatever the model's generation_config
+    says (a model shipping top_k=1 and a repetition penalty must not change RL sampling)."""
+    model = build_tiny_model(
+        tok, TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, seed=1)
+    ).eval()
+    with torch.no_grad():  # sharpen the random model a little so the check has power
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.top_k = 1
+    model.generation_config.repetition_penalty = 100.0
+    prompt, temperature, n = "12+5=", 1.5, 4000
+    with torch.no_grad():
+        ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+        probs = torch.softmax(model(input_ids=ids).logits[0, -1] / temperature, dim=-1)
+    roll = generate_rollouts(
+        model,
+        tok,
+        [prompt],
+        num_samples=n,
+        max_new_tokens=1,
+        temperature=temperature,
+        seed=0,
+        sampler=sampler,
+    )
+    freq = torch.bincount(roll.response_ids[:, 0], minlength=probs.numel()).float() / n
+    assert probs.max() < 0.9  # not degenerate
+    # 4 standard errors per token
+    tolerance = 4 * (probs * (1 - probs) / n).sqrt() + 1e-3
+    assert ((freq - probs).abs() <= tolerance).all(), (freq, probs)
+    assert model.generation_config.top_k == 1  # restored

@@ -306,23 +306,32 @@ def _sample_generate(
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
     from transformers import GenerationConfig
 
-    # A fresh config: a model's own generation_config (top_k, top_p, repetition penalty...) must
-    # not change the distribution RL samples from.
+    # The sampling distribution must be the plain softmax at ``temperature``: generate() fills
+    # every unset field from the model's generation_config (Qwen ships top_k=20, top_p=0.8,
+    # repetition_penalty=1.05) and then from global defaults (top_k=50). So the model's config is
+    # swapped for a clean one during the call and top-k/top-p are disabled explicitly.
     config = GenerationConfig(
         do_sample=temperature > 0,
         temperature=temperature if temperature > 0 else 1.0,
-        top_k=None,
-        top_p=None,
+        top_k=0,
+        top_p=1.0,
+        min_p=None,
         max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
         eos_token_id=stop_ids.tolist(),
         pad_token_id=pad_id,
     )
     fork_devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork_devices):
-        torch.manual_seed(seed)
-        sequences = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=config
-        )
+    saved_config = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        with torch.random.fork_rng(devices=fork_devices):
+            torch.manual_seed(seed)
+            sequences = model.generate(
+                input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=config
+            )
+    finally:
+        model.generation_config = saved_config
     response = sequences[:, prompt_ids.shape[1] :]  # (b, T)
     width = response.shape[1]
     is_eos = torch.isin(response, stop_ids)
