@@ -96,10 +96,6 @@ class TokenAnalysis:
     def num_groups(self) -> int:
         return int(self.group_ids.max()) + 1 if self.num_rows else 0
 
-    def row_tokens(self, b: int) -> torch.Tensor:
-        """``(n_b,)`` bool index of row b's valid positions (a prefix of T)."""
-        return self.response_mask[b]
-
 
 def _token_texts(tokenizer: Any, response_ids: torch.Tensor, lengths: list[int]) -> list[list[str]]:
     texts = []

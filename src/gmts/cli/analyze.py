@@ -131,8 +131,6 @@ def _device(name: str):
 
 
 def _token_records(analysis: Any) -> list[dict[str, Any]]:
-    from gmts.analysis.report import SELECTION_NAMES  # noqa: F401  (same names as the scores)
-
     a = analysis
     records = []
     for b in range(a.num_rows):
