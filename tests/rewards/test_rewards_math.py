@@ -168,9 +168,12 @@ def test_bad_arguments_raise() -> None:
     ],
 )
 def test_pathological_latex_is_time_bounded(hostile: str) -> None:
+    # a warm worker first: a worker killed by the previous case restarts in the next call, and
+    # start-up is not part of the bound
+    assert math_reward(r"\boxed{1}", "1", timeout=120) == 1.0
     start = time.monotonic()
     assert math_reward(hostile, "3", timeout=1.0) == 0.0
-    assert time.monotonic() - start < 1.0 + 0.5
+    assert time.monotonic() - start < 1.0 + 1.0  # slack for killing and reaping on a busy box
 
 
 @pytest.mark.slow  # starts two more workers: ~10 s each on a loaded 2-core machine
@@ -206,13 +209,13 @@ def test_inline_isolation_bounds_time_in_the_main_thread() -> None:
 def test_stalled_worker_is_killed_at_the_deadline() -> None:
     # last in this file: it costs the pool its warm worker.
     # A SIGSTOPped worker stands in for one stuck in C code that no alarm can interrupt.
-    assert math_reward(r"\boxed{1}", "1", timeout=60) == 1.0
+    assert math_reward(r"\boxed{1}", "1", timeout=120) == 1.0
     worker = _POOL._idle[-1]
     kills = _POOL.kills
     os.kill(worker.process.pid, signal.SIGSTOP)
     start = time.monotonic()
     assert math_reward(r"\boxed{1/2}", "0.5", timeout=1.0) == 0.0
-    assert time.monotonic() - start < 1.5
+    assert time.monotonic() - start < 1.0 + 1.0
     assert _POOL.kills == kills + 1 and worker.process.poll() is not None
     assert worker not in _POOL._idle
 
