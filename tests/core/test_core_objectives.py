@@ -530,3 +530,41 @@ def test_policy_loss_equals_the_loop_reference(
     )
     expected = _loop_loss(lp, old, ref, adv, mask, sel, beta, aggregation, normalize, kl_tokens)
     assert loss.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), -float("inf"), 500.0])
+def test_garbage_at_padding_never_reaches_loss_or_gradients(garbage):
+    lp, old, ref, adv, mask, sel = _rows()
+    clean_lp = lp.clone().requires_grad_(True)
+    clean, clean_metrics = gmts.policy_loss(
+        clean_lp,
+        old,
+        adv,
+        mask,
+        ref_logprobs=ref,
+        kl_coef=0.1,
+        kl_ratio_correction=True,
+        selected=sel,
+        kl_tokens="all",
+    )
+    clean.backward()
+    pad = ~mask
+    dirty_lp = torch.where(pad, garbage, lp).requires_grad_(True)
+    dirty_old = torch.where(pad, -garbage, old)
+    dirty_ref = torch.where(pad, garbage, ref)
+    dirty, metrics = gmts.policy_loss(
+        dirty_lp,
+        dirty_old,
+        adv,
+        mask,
+        ref_logprobs=dirty_ref,
+        kl_coef=0.1,
+        kl_ratio_correction=True,
+        selected=sel,
+        kl_tokens="all",
+    )
+    dirty.backward()
+    assert dirty.item() == clean.item()
+    assert torch.equal(dirty_lp.grad, clean_lp.grad)
+    assert bool((dirty_lp.grad[pad] == 0).all())
+    assert metrics == clean_metrics

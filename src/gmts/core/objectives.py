@@ -500,22 +500,32 @@ def policy_loss(
     for name, value in (("denominator", denominator), ("kl_denominator", kl_denominator)):
         if value is not None and not (math.isfinite(float(value)) and float(value) > 0):
             raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
-    surrogate, kl, clipped = token_objective(
-        logprobs,
-        old_logprobs,
-        advantages,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dual_clip=dual_clip,
-        ref_logprobs=ref_logprobs,
-        kl_coef=kl_coef,
-        kl_ratio_correction=kl_ratio_correction,
-        kl_clamp=kl_clamp,
-    )
+    _check_objective_args(clip_low, clip_high, dual_clip, kl_coef, kl_clamp)
+    _check_inputs(logprobs, old_logprobs, advantages, ref_logprobs, kl_coef)
     mask = _check_mask(mask, logprobs, "mask")
     if selected is not None:
         selected = _check_mask(selected, logprobs, "selected")
     _check_same_shape(logprobs, entropy=entropy, scores=scores)
+
+    # Padding never reaches the objective (r = 1, D = 0 there), so garbage log-probs at
+    # masked positions (inf, nan, huge ratios) cannot leak nan into the gradients.
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    surrogate, kl, clipped = token_objective(
+        torch.where(mask, logprobs, zero),
+        torch.where(mask, old_logprobs.to(logprobs.dtype), zero),
+        advantages,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        ref_logprobs=(
+            torch.where(mask, ref_logprobs.to(logprobs.dtype), zero)
+            if ref_logprobs is not None
+            else None
+        ),
+        kl_coef=kl_coef,
+        kl_ratio_correction=kl_ratio_correction,
+        kl_clamp=kl_clamp,
+    )
 
     policy_set = mask & selected if selected is not None else mask  # P
     count_set = _norm_set(mask, selected, normalize)  # C
