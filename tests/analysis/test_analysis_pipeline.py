@@ -126,3 +126,46 @@ def test_cli_rejects_bad_arguments(tmp_path: Path, capsys):
     assert "config.json" in capsys.readouterr().err
     assert main(["analyze", "--run", str(tmp_path)]) == 2
     assert main(["analyze", "--model", str(tmp_path), "--task", "nope"]) == 2
+
+
+class _ReadsValues(torch.autograd.Function):
+    """Identity whose backward calls .item(): vmap cannot batch it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _ = float(grad.sum().item())
+        return grad
+
+
+class _Unvmappable(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        out.logits = _ReadsValues.apply(out.logits)
+        return out
+
+
+def test_analyze_rollout_reports_the_fallback_to_the_loop(tiny):
+    model, tokenizer = tiny
+    task = get_task("addition")
+    rollout = generate_rollouts(
+        model, tokenizer, [task.make_problem(41, 5)], num_samples=2, max_new_tokens=4, seed=2
+    )
+    rewards = torch.tensor([1.0, 0.0])
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        slow = analyze_rollout(_Unvmappable(model), tokenizer, rollout, rewards)
+    fast = analyze_rollout(model, tokenizer, rollout, rewards)
+    assert slow.meta["gradient_method"] == ["loop"] and fast.meta["gradient_method"] == ["batched"]
+    assert any("falling back" in m for m in slow.meta["warnings"])
+    m = rollout.response_mask
+    rel = (
+        slow.grad_logprob_norm - fast.grad_logprob_norm
+    ).abs() / fast.grad_logprob_norm.clamp_min(1e-12)
+    assert rel[m].max() <= 1e-5

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,30 +156,37 @@ def analyze_rollout(
     model.eval()  # dropout off: the measured gradients are those of the sampling policy
     methods_used: set[str] = set()
     start = time.perf_counter()
-    try:
-        for b in range(B):
-            ids, n = unpadded_row(input_ids[b], attention_mask[b], response_mask[b])
-            if n == 0:
-                continue
-            logits, labels, norms, used = row_gradient_norms(
-                model,
-                ids,
-                n,
-                params,
-                temperature=temperature,
-                method=method,
-                chunk_size=chunk_size,
-                max_chunk_bytes=max_chunk_bytes,
-            )  # (n, V), (n,), (n,)
-            methods_used.add(used)
-            stats = token_statistics(logits, labels, logit_grad_norm=True)
-            logprob[b, :n] = stats.logprobs.detach().cpu()
-            entropy[b, :n] = stats.entropy.cpu()
-            logit_grad[b, :n] = stats.logit_grad_norm.cpu()
-            grad_logprob[b, :n] = norms.cpu()
-    finally:
-        model.train(was_training)
+    # vmap warns when an op of the backward has no batching rule (it then loops internally:
+    # still exact, slower); such messages are kept for the report and re-emitted once each
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        try:
+            for b in range(B):
+                ids, n = unpadded_row(input_ids[b], attention_mask[b], response_mask[b])
+                if n == 0:
+                    continue
+                logits, labels, norms, used = row_gradient_norms(
+                    model,
+                    ids,
+                    n,
+                    params,
+                    temperature=temperature,
+                    method=method,
+                    chunk_size=chunk_size,
+                    max_chunk_bytes=max_chunk_bytes,
+                )  # (n, V), (n,), (n,)
+                methods_used.add(used)
+                stats = token_statistics(logits, labels, logit_grad_norm=True)
+                logprob[b, :n] = stats.logprobs.detach().cpu()
+                entropy[b, :n] = stats.entropy.cpu()
+                logit_grad[b, :n] = stats.logit_grad_norm.cpu()
+                grad_logprob[b, :n] = norms.cpu()
+        finally:
+            model.train(was_training)
     measure_seconds = time.perf_counter() - start
+    messages = sorted({str(w.message).splitlines()[0][:300] for w in recorded})
+    for message in messages:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     mask = response_mask.cpu()
     # on-policy: old = current log-probs, so r = 1 and omega = A (no KL term)
@@ -217,6 +225,7 @@ def analyze_rollout(
             "omega": "on-policy (r = 1), no KL: omega = group-normalised advantage",
             "std_normalize": std_normalize,
             "gradient_method": sorted(methods_used),
+            "warnings": messages,
         },
     )
 
