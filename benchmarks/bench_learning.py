@@ -13,6 +13,7 @@ Plans:
   bottom 80% x seeds 0-2): 42 runs.
 - ``subset``: dapo x {none, entropy, gmts @0.2} x seeds 0-1 plus dapo {entropy, gmts} bottom 0.8
   with seed 0: 8 runs.
+- ``mini``: dapo x {none, entropy, gmts @0.2}, seed 0: 3 runs.
 - ``table1``, ``table6``, ``table7``: one table of the full plan.
 
 Each run writes ``<out>/learning_runs/<id>.json`` in its own process; a run whose file exists
@@ -110,6 +111,8 @@ def plan(name: str) -> list[RunSpec]:
         + [RunSpec("dapo", s, 0.2, False, seed) for seed in (0, 1) for s in ("entropy", "gmts")]
         + [RunSpec("dapo", s, 0.8, True, 0) for s in ("entropy", "gmts")],
         "quick": [RunSpec("dapo", "none", 1.0, False, 0), RunSpec("dapo", "gmts", 0.2, False, 0)],
+        "mini": _all("dapo", (0,))
+        + [RunSpec("dapo", s, 0.2, False, 0) for s in ("entropy", "gmts")],
     }
     if name == "full":
         specs = table1 + table7 + table6
@@ -300,8 +303,10 @@ def run(options) -> dict[str, Any]:
 
     plan_name = "quick" if options.quick else options.extra.get("learning_plan") or "subset"
     steps = options.extra.get("learning_steps") or (4 if options.quick else DEFAULT_STEPS)
-    eval_every = 2 if options.quick else EVAL_EVERY
-    eval_questions = 8 if options.quick else 200
+    eval_every = options.extra.get("learning_eval_every")
+    if eval_every is None:
+        eval_every = 2 if options.quick else EVAL_EVERY
+    eval_questions = options.extra.get("learning_eval_questions") or (8 if options.quick else 200)
     jobs = max(1, int(options.extra.get("learning_jobs") or 1))
     specs = plan(plan_name)
     runs_dir = options.out_dir / "learning_runs"

@@ -84,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--learning-steps", type=int, default=None, help="training steps per learning run"
     )
     parser.add_argument(
+        "--learning-eval-every",
+        type=int,
+        default=None,
+        help="held-out evaluation every N steps (0: before and after only; default 25)",
+    )
+    parser.add_argument(
+        "--learning-eval-questions",
+        type=int,
+        default=None,
+        help="held-out questions per evaluation (default 200)",
+    )
+    parser.add_argument(
         "--learning-jobs", type=int, default=1, help="learning runs in parallel (processes)"
     )
     return parser
@@ -108,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             "learning_plan": args.learning_plan,
             "learning_steps": args.learning_steps,
             "learning_jobs": args.learning_jobs,
+            "learning_eval_every": args.learning_eval_every,
+            "learning_eval_questions": args.learning_eval_questions,
         },
     )
     command = "python benchmarks/run.py " + " ".join(
