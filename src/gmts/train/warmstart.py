@@ -22,6 +22,8 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -151,8 +153,9 @@ def warm_start(
     info = {"settings": settings, "key": key, **info}
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        with _hf_progress_bars_off():  # ours is the only bar the user should see
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
         (staging / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         try:
             os.rename(staging, final)
@@ -172,11 +175,26 @@ def load_warm_start(path: str | os.PathLike[str]) -> tuple[Any, Any, dict[str, A
     path = Path(path)
     if not (path / INFO_FILE).is_file():
         raise ValueError(f"{path} is not a warm-start directory (no {INFO_FILE})")
-    model = AutoModelForCausalLM.from_pretrained(path)
+    with _hf_progress_bars_off():
+        model = AutoModelForCausalLM.from_pretrained(path)
     model.train()
     tokenizer = AutoTokenizer.from_pretrained(path)
     info = json.loads((path / INFO_FILE).read_text())
     return model, tokenizer, info
+
+
+@contextmanager
+def _hf_progress_bars_off() -> Iterator[None]:
+    """Silence transformers' own progress bars ("Writing model shards", "Loading weights")."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _batch(
