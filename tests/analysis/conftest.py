@@ -53,6 +53,16 @@ def make_analysis(
     )
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run much faster on one thread (intra-op threads only synchronise); restored
+    after each test so other areas' tests keep their settings."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def synthetic_analysis():
     return make_analysis
