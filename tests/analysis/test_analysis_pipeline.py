@@ -169,3 +169,11 @@ def test_analyze_rollout_reports_the_fallback_to_the_loop(tiny):
         slow.grad_logprob_norm - fast.grad_logprob_norm
     ).abs() / fast.grad_logprob_norm.clamp_min(1e-12)
     assert rel[m].max() <= 1e-5
+
+
+def test_cli_default_threads(tiny):
+    from gmts.cli.analyze import _default_threads
+
+    model, _ = tiny
+    assert _default_threads(model, torch.device("cpu")) == 1  # small model: one thread
+    assert _default_threads(model, torch.device("cuda")) is None  # GPU: leave torch alone
