@@ -22,3 +22,15 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"benchmark data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """Tiny models run fastest on one thread; two threads on a busy 2-core machine were
+    measured 15-30x slower (contention). Tests that need more set it themselves."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
