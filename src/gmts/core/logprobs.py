@@ -12,6 +12,7 @@ hidden states ``S + (H,)``, the output-layer weight ``(V, H)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -141,12 +142,31 @@ def _blocks(rows: int, cols: int, chunk: int) -> list[Block]:
     ]
 
 
-def _empty_outputs(
-    labels: torch.Tensor, want_g: bool
+def _forward_blocks(
+    block_logits: Callable[[slice, slice], torch.Tensor],
+    labels: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    want_g: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Forward pass shared by both autograd functions: ``(logprob, entropy, lse, G)``, each
+    float32 ``(B, T)`` like ``labels``. ``block_logits(rs, cs)`` returns the raw logits
+    ``(n, V)`` of the block ``labels[rs, cs]`` (flattened); only one block exists at a time."""
     logprob = torch.empty(labels.shape, dtype=torch.float32, device=labels.device)  # (B, T)
     entropy, lse = torch.empty_like(logprob), torch.empty_like(logprob)
-    return logprob, entropy, lse, torch.empty_like(logprob) if want_g else None
+    g = torch.empty_like(logprob) if want_g else None
+    for rs, cs in _blocks(*labels.shape, chunk_size):
+        block = labels[rs, cs]
+        lp, ent, ls, gg = _chunk_forward(
+            block_logits(rs, cs), block.reshape(-1), temperature, want_g
+        )
+        logprob[rs, cs] = lp.view(block.shape)
+        entropy[rs, cs] = ent.view(block.shape)
+        lse[rs, cs] = ls.view(block.shape)
+        if g is not None:
+            g[rs, cs] = gg.view(block.shape)
+    _check_finite(logprob, entropy, lse)
+    return logprob, entropy, lse, g
 
 
 class _LogitsStats(torch.autograd.Function):
@@ -154,20 +174,14 @@ class _LogitsStats(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, labels, temperature, chunk_size, want_g):  # type: ignore[override]
-        logprob, entropy, lse, g = _empty_outputs(labels, want_g)
         vocab = logits.shape[-1]
-        for rs, cs in _blocks(*labels.shape, chunk_size):
-            z = logits[rs, cs].reshape(-1, vocab)  # (n, V)
-            lp, ent, ls, gg = _chunk_forward(z, labels[rs, cs].reshape(-1), temperature, want_g)
-            shape = labels[rs, cs].shape
-            logprob[rs, cs], entropy[rs, cs], lse[rs, cs] = (
-                lp.view(shape),
-                ent.view(shape),
-                ls.view(shape),
-            )
-            if want_g:
-                g[rs, cs] = gg.view(shape)
-        _check_finite(logprob, entropy, lse)
+        logprob, entropy, lse, g = _forward_blocks(
+            lambda rs, cs: logits[rs, cs].reshape(-1, vocab),  # (n, V)
+            labels,
+            temperature,
+            chunk_size,
+            want_g,
+        )
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy, lse)
@@ -200,20 +214,14 @@ class _HiddenStats(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, temperature, chunk_size, want_g):  # type: ignore[override]
-        logprob, entropy, lse, g = _empty_outputs(labels, want_g)
         width = hidden.shape[-1]
-        for rs, cs in _blocks(*labels.shape, chunk_size):
-            z = hidden[rs, cs].reshape(-1, width) @ weight.T  # (n, V) in the input dtype
-            lp, ent, ls, gg = _chunk_forward(z, labels[rs, cs].reshape(-1), temperature, want_g)
-            shape = labels[rs, cs].shape
-            logprob[rs, cs], entropy[rs, cs], lse[rs, cs] = (
-                lp.view(shape),
-                ent.view(shape),
-                ls.view(shape),
-            )
-            if want_g:
-                g[rs, cs] = gg.view(shape)
-        _check_finite(logprob, entropy, lse)
+        logprob, entropy, lse, g = _forward_blocks(
+            lambda rs, cs: hidden[rs, cs].reshape(-1, width) @ weight.T,  # (n, V), input dtype
+            labels,
+            temperature,
+            chunk_size,
+            want_g,
+        )
         ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy, lse)
