@@ -62,6 +62,39 @@ def share(rank: int, b: int, rows0: int) -> slice:
     return slice(0, rows0) if rank == 0 else slice(rows0, b)
 
 
+def gmts_step(lp, old, ref, adv, mask, entropy, process_group=None):
+    """GMTS selection + the eq. 2 loss (global denominator over ranks): ``(selection, loss)``.
+
+    Shared by the ranks (with ``process_group``) and the test's single-process reference.
+    """
+    objective = gmts.ObjectiveConfig(kl_coef=0.05)
+    result = gmts.select_for_update(
+        gmts.SelectionConfig(ratio=0.3),
+        objective,
+        logprobs=lp,
+        old_logprobs=old,
+        advantages=adv,
+        response_mask=mask,
+        entropy=entropy,
+        ref_logprobs=ref,
+        process_group=process_group,
+    )
+    den = None  # single process: policy_loss counts the selected tokens itself
+    if process_group is not None:
+        den = gmts.loss_denominator(mask, result.selected, "token-mean", "selected", process_group)
+    loss, _ = gmts.policy_loss(
+        lp,
+        old,
+        adv,
+        mask,
+        ref_logprobs=ref,
+        selected=result.selected,
+        denominator=den,
+        **objective.loss_kwargs(),
+    )
+    return result, loss
+
+
 def main() -> None:
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
@@ -91,29 +124,7 @@ def main() -> None:
         # the whole step: GMTS selection + eq. 2 loss with the global denominator
         lp, old, ref, adv = step_inputs(seed, b, t)
         lp, old, ref, adv = lp[rows].clone().requires_grad_(True), old[rows], ref[rows], adv[rows]
-        objective = gmts.ObjectiveConfig(kl_coef=0.05)
-        result = gmts.select_for_update(
-            gmts.SelectionConfig(ratio=0.3),
-            objective,
-            logprobs=lp,
-            old_logprobs=old,
-            advantages=adv,
-            response_mask=m,
-            entropy=s.abs(),
-            ref_logprobs=ref,
-            process_group=pg,
-        )
-        den = gmts.loss_denominator(m, result.selected, "token-mean", "selected", pg)
-        loss, _ = gmts.policy_loss(
-            lp,
-            old,
-            adv,
-            m,
-            ref_logprobs=ref,
-            selected=result.selected,
-            denominator=den,
-            **objective.loss_kwargs(),
-        )
+        result, loss = gmts_step(lp, old, ref, adv, m, s.abs(), process_group=pg)
         loss.backward()
         results[(name, "step")] = (result.selected, result.threshold, float(loss), lp.grad)
     # float64 scores on one rank only: both ranks switch to 64-bit keys (same passes)

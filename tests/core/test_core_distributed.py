@@ -86,26 +86,7 @@ def test_global_selection_equals_single_process(two_rank_results):
         # the whole step over ranks == one process on the concatenated batch
         lp, old, ref, adv = worker.step_inputs(seed, b, t)
         lp = lp.clone().requires_grad_(True)
-        objective = gmts.ObjectiveConfig(kl_coef=0.05)
-        result = gmts.select_for_update(
-            gmts.SelectionConfig(ratio=0.3),
-            objective,
-            logprobs=lp,
-            old_logprobs=old,
-            advantages=adv,
-            response_mask=mask,
-            entropy=scores.abs(),
-            ref_logprobs=ref,
-        )
-        loss, _ = gmts.policy_loss(
-            lp,
-            old,
-            adv,
-            mask,
-            ref_logprobs=ref,
-            selected=result.selected,
-            **objective.loss_kwargs(),
-        )
+        result, loss = worker.gmts_step(lp, old, ref, adv, mask, scores.abs())
         loss.backward()
         sel0, thr0, loss0, grad0 = r0[(name, "step")]
         sel1, thr1, loss1, grad1 = r1[(name, "step")]
