@@ -18,6 +18,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate.")
     parser.add_argument(
+        "--sampling-rounds",
+        type=int,
+        default=d.sampling_rounds,
+        help="DAPO dynamic-sampling rounds per step (1: drop all-equal groups without "
+        "resampling; they top the batch back up with zero advantage).",
+    )
+    parser.add_argument(
         "--eval-questions", type=int, default=d.eval_questions, help="Held-out questions."
     )
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -51,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             questions=args.questions,
             group_size=args.group_size,
             lr=args.lr,
+            sampling_rounds=args.sampling_rounds,
             eval_questions=args.eval_questions,
             seed=args.seed,
             output_dir=args.output_dir,

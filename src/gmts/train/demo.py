@@ -30,7 +30,8 @@ class DemoSettings:
     """The demo's budget; the defaults are what the README quotes."""
 
     task: str = "addition"
-    steps: int = 150
+    steps: int = 100
+    sampling_rounds: int = 1
     questions: int = 32
     group_size: int = 8
     lr: float = 2e-4
@@ -43,7 +44,14 @@ class DemoSettings:
     methods: tuple[str, ...] = tuple(METHODS)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "questions", "group_size", "eval_questions", "eval_samples"):
+        for name in (
+            "steps",
+            "sampling_rounds",
+            "questions",
+            "group_size",
+            "eval_questions",
+            "eval_samples",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         unknown = [m for m in self.methods if m not in METHODS]
@@ -85,7 +93,9 @@ def demo_config(
             eval_before=False,
         ),
         rollout=RolloutConfig(
-            questions_per_batch=settings.questions, group_size=settings.group_size
+            questions_per_batch=settings.questions,
+            group_size=settings.group_size,
+            max_sampling_rounds=settings.sampling_rounds,
         ),
         selection=SelectionConfig(score=score, ratio=settings.ratio),
         optim=OptimConfig(
@@ -156,7 +166,8 @@ def format_table(result: DemoResult) -> str:
     k = s.eval_samples
     head = (
         f"DAPO on '{s.task}': {s.steps} steps x {s.questions} questions x {s.group_size} "
-        f"samples, lr {s.lr:g}, seed {s.seed}; held-out {s.eval_questions} questions x {k}"
+        f"samples, lr {s.lr:g}, sampling rounds {s.sampling_rounds}, seed {s.seed}; "
+        f"held-out {s.eval_questions} questions x {k}"
     )
     cols = (
         f"{'method':<14} {'avg@' + str(k) + ' before':>15} {'after':>7} {'gain':>7} "
