@@ -66,3 +66,35 @@ def _one_thread():
 @pytest.fixture
 def synthetic_analysis():
     return make_analysis
+
+
+class _ReadsValues(torch.autograd.Function):
+    """Identity whose backward calls .item(): vmap cannot batch it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _ = float(grad.sum().item())
+        return grad
+
+
+class _Unvmappable(torch.nn.Module):
+    """A causal LM whose logits pass through :class:`_ReadsValues` (forces the loop fallback)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        out.logits = _ReadsValues.apply(out.logits)
+        return out
+
+
+@pytest.fixture
+def unvmappable():
+    """Wraps a causal LM so that its backward cannot be vmapped: ``unvmappable(model)``."""
+    return _Unvmappable

@@ -186,32 +186,8 @@ def test_bad_inputs_raise_clear_errors():
         token_gradient_norms(model, ids, attn_mask, resp, method="vmap")
 
 
-class _NotVmappable(torch.autograd.Function):
-    """Identity whose backward reads a value (.item()), which vmap cannot batch."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        _ = float(grad.sum().item())
-        return grad
-
-
-class _Wrapped(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, **kwargs):
-        out = self.inner(**kwargs)
-        out.logits = _NotVmappable.apply(out.logits)
-        return out
-
-
-def test_auto_falls_back_to_the_loop_when_backward_cannot_be_vmapped():
-    model = _Wrapped(tiny_lm(6))
+def test_auto_falls_back_to_the_loop_when_backward_cannot_be_vmapped(unvmappable):
+    model = unvmappable(tiny_lm(6))
     ids, attn_mask, resp = padded_batch(1, prompt_lens=[2, 3], resp_lens=[3, 2])
     with pytest.raises(RuntimeError):
         token_gradient_norms(model, ids, attn_mask, resp, method="batched")

@@ -128,31 +128,7 @@ def test_cli_rejects_bad_arguments(tmp_path: Path, capsys):
     assert main(["analyze", "--model", str(tmp_path), "--task", "nope"]) == 2
 
 
-class _ReadsValues(torch.autograd.Function):
-    """Identity whose backward calls .item(): vmap cannot batch it."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        _ = float(grad.sum().item())
-        return grad
-
-
-class _Unvmappable(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, **kwargs):
-        out = self.inner(**kwargs)
-        out.logits = _ReadsValues.apply(out.logits)
-        return out
-
-
-def test_analyze_rollout_reports_the_fallback_to_the_loop(tiny):
+def test_analyze_rollout_reports_the_fallback_to_the_loop(tiny, unvmappable):
     model, tokenizer = tiny
     task = get_task("addition")
     rollout = generate_rollouts(
@@ -160,7 +136,7 @@ def test_analyze_rollout_reports_the_fallback_to_the_loop(tiny):
     )
     rewards = torch.tensor([1.0, 0.0])
     with pytest.warns(RuntimeWarning, match="falling back"):
-        slow = analyze_rollout(_Unvmappable(model), tokenizer, rollout, rewards)
+        slow = analyze_rollout(unvmappable(model), tokenizer, rollout, rewards)
     fast = analyze_rollout(model, tokenizer, rollout, rewards)
     assert slow.meta["gradient_method"] == ["loop"] and fast.meta["gradient_method"] == ["batched"]
     assert any("falling back" in m for m in slow.meta["warnings"])

@@ -23,9 +23,8 @@ import torch
 
 from gmts.analysis.gradnorms import (
     DEFAULT_MAX_CHUNK_BYTES,
-    row_gradient_norms,
+    iter_row_gradient_norms,
     trainable_parameters,
-    unpadded_row,
 )
 from gmts.core import (
     ScoreInputs,
@@ -161,20 +160,19 @@ def analyze_rollout(
     with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")
         try:
-            for b in range(B):
-                ids, n = unpadded_row(input_ids[b], attention_mask[b], response_mask[b])
-                if n == 0:
-                    continue
-                logits, labels, norms, used = row_gradient_norms(
-                    model,
-                    ids,
-                    n,
-                    params,
-                    temperature=temperature,
-                    method=method,
-                    chunk_size=chunk_size,
-                    max_chunk_bytes=max_chunk_bytes,
-                )  # (n, V), (n,), (n,)
+            rows = iter_row_gradient_norms(
+                model,
+                input_ids,
+                attention_mask,
+                response_mask,
+                params,
+                temperature=temperature,
+                method=method,
+                chunk_size=chunk_size,
+                max_chunk_bytes=max_chunk_bytes,
+            )
+            for b, logits, labels, norms, used in rows:  # (n, V), (n,), (n,)
+                n = labels.numel()
                 methods_used.add(used)
                 stats = token_statistics(logits, labels, logit_grad_norm=True)
                 logprob[b, :n] = stats.logprobs.detach().cpu()

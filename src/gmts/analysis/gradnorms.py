@@ -24,7 +24,7 @@ against autograd of ``l_t`` itself, KL term and clipping included).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -40,6 +40,7 @@ __all__ = [
     "unpadded_row",
     "row_response_logprobs",
     "row_gradient_norms",
+    "iter_row_gradient_norms",
     "token_gradient_norms",
     "METHODS",
 ]
@@ -271,14 +272,46 @@ def token_gradient_norms(
         )
     if response_mask.dim() != 2 or response_mask.shape[0] != input_ids.shape[0]:
         raise ValueError(f"response_mask: expected (B, T), got {tuple(response_mask.shape)}")
-    params = trainable_parameters(model)
     B, T = response_mask.shape
     norms = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
-    for b in range(B):
+    rows = iter_row_gradient_norms(
+        model,
+        input_ids,
+        attention_mask,
+        response_mask,
+        trainable_parameters(model),
+        temperature=temperature,
+        method=method,
+        chunk_size=chunk_size,
+        max_chunk_bytes=max_chunk_bytes,
+    )
+    for b, _, _, row, _ in rows:
+        norms[b, : row.numel()] = row.to(norms.device)
+    return norms
+
+
+def iter_row_gradient_norms(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    *,
+    temperature: float = 1.0,
+    method: str = "auto",
+    chunk_size: int | None = None,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, str]]:
+    """:func:`row_gradient_norms` of every row with a non-empty response, unpadded.
+
+    Shapes as in :func:`token_gradient_norms`. Yields ``(b, logits (n, V), labels (n,),
+    norms (n,), method used)`` for row ``b``, whose response has ``n`` tokens.
+    """
+    for b in range(response_mask.shape[0]):
         ids, n = unpadded_row(input_ids[b], attention_mask[b], response_mask[b])
         if n == 0:
             continue
-        _, _, row, _ = row_gradient_norms(
+        logits, labels, norms, used = row_gradient_norms(
             model,
             ids,
             n,
@@ -288,5 +321,4 @@ def token_gradient_norms(
             chunk_size=chunk_size,
             max_chunk_bytes=max_chunk_bytes,
         )
-        norms[b, :n] = row.to(norms.device)
-    return norms
+        yield b, logits, labels, norms, used
