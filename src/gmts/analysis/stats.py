@@ -9,28 +9,40 @@ count and report the nans.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["as_array", "pearson", "spearman", "rankdata", "linear_fit", "jaccard", "summary"]
+ArrayLike = torch.Tensor | np.ndarray | Sequence[float]
+
+__all__ = [
+    "ArrayLike",
+    "as_array",
+    "pearson",
+    "spearman",
+    "rankdata",
+    "linear_fit",
+    "jaccard",
+    "summary",
+]
 
 
-def as_array(x) -> np.ndarray:
+def as_array(x: ArrayLike) -> np.ndarray:
     """A 1-D float64 numpy array from a tensor, array or sequence."""
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu", torch.float64).numpy()
     return np.asarray(x, dtype=np.float64).reshape(-1)
 
 
-def _pair(x, y) -> tuple[np.ndarray, np.ndarray]:
+def _pair(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     x, y = as_array(x), as_array(y)
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same length, got {x.size} and {y.size}")
     return x, y
 
 
-def pearson(x, y) -> float:
+def pearson(x: ArrayLike, y: ArrayLike) -> float:
     """Pearson correlation of two equally long samples; nan if n < 2 or either is constant."""
     x, y = _pair(x, y)
     if x.size < 2:
@@ -42,7 +54,7 @@ def pearson(x, y) -> float:
     return float(np.clip((xc @ yc) / denom, -1.0, 1.0))
 
 
-def rankdata(x) -> np.ndarray:
+def rankdata(x: ArrayLike) -> np.ndarray:
     """Ranks 1..n, ties given the mean of the ranks they span (as ``scipy.stats.rankdata``)."""
     x = as_array(x)
     order = np.argsort(x, kind="stable")
@@ -60,13 +72,13 @@ def rankdata(x) -> np.ndarray:
     return ranks
 
 
-def spearman(x, y) -> float:
+def spearman(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman rank correlation (Pearson of average ranks); nan if n < 2 or a side is constant."""
     x, y = _pair(x, y)
     return pearson(rankdata(x), rankdata(y))
 
 
-def linear_fit(x, y) -> tuple[float, float]:
+def linear_fit(x: ArrayLike, y: ArrayLike) -> tuple[float, float]:
     """Least-squares ``y ~ intercept + slope * x``; ``(slope, intercept)``, nan if x is constant."""
     x, y = _pair(x, y)
     if x.size < 2:
@@ -90,7 +102,7 @@ def jaccard(a: torch.Tensor, b: torch.Tensor) -> float:
     return math.nan if union == 0 else int((a & b).sum()) / union
 
 
-def summary(values) -> dict[str, float | int]:
+def summary(values: ArrayLike) -> dict[str, float | int]:
     """count / nan count / mean / std / quantiles of the finite values (JSON-ready floats)."""
     v = as_array(values)
     finite = v[np.isfinite(v)]

@@ -49,7 +49,9 @@ SCORE_REQUIREMENTS: dict[str, frozenset[str]] = {}
 _INPUT_FIELDS = frozenset(f.name for f in fields(ScoreInputs)) - {"seed"}
 
 
-def register_score(name: str, requires: set[str] | frozenset[str] = frozenset()):
+def register_score(
+    name: str, requires: set[str] | frozenset[str] = frozenset()
+) -> Callable[[ScoreFn], ScoreFn]:
     """Decorator registering ``fn(inputs: ScoreInputs) -> (B, T)`` under ``name``.
 
     ``requires`` names the ScoreInputs fields the score reads (so callers compute only those).

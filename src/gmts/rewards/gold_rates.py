@@ -14,6 +14,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gmts.rewards.math_verifier import math_reward
 
@@ -67,7 +68,11 @@ def _symbolic_match(predicted: str, gold: str) -> bool:
 
 
 def measure(
-    name: str, *, data_dir=None, timeout: float = 5.0, math_verify_only: bool = False
+    name: str,
+    *,
+    data_dir: str | Path | None = None,
+    timeout: float = 5.0,
+    math_verify_only: bool = False,
 ) -> GoldRate:
     """Run the self-check on benchmark ``name`` (see module docstring)."""
     from gmts.data.datasets import load_benchmark
