@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from gmts.core._config_utils import check_choice, from_preset
+from gmts.core._config_utils import help_meta as _help
 from gmts.core.objectives import KL_TOKEN_MODES, NORMALIZE_MODES
 from gmts.core.scores import available_scores
 from gmts.core.selection import SCOPES
 
 __all__ = ["SelectionConfig", "SELECTION_PRESETS"]
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)
@@ -77,16 +75,9 @@ class SelectionConfig:
             raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")
         if not isinstance(self.largest, bool):
             raise ValueError(f"largest must be a bool, got {self.largest!r}")
-        if self.scope not in SCOPES:
-            raise ValueError(f"scope must be one of {list(SCOPES)}, got {self.scope!r}")
-        if self.normalize not in NORMALIZE_MODES:
-            raise ValueError(
-                f"normalize must be one of {list(NORMALIZE_MODES)}, got {self.normalize!r}"
-            )
-        if self.kl_tokens not in KL_TOKEN_MODES:
-            raise ValueError(
-                f"kl_tokens must be one of {list(KL_TOKEN_MODES)}, got {self.kl_tokens!r}"
-            )
+        check_choice("scope", self.scope, SCOPES)
+        check_choice("normalize", self.normalize, NORMALIZE_MODES)
+        check_choice("kl_tokens", self.kl_tokens, KL_TOKEN_MODES)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
 
@@ -106,14 +97,7 @@ class SelectionConfig:
         - ``"trl"``: batch scope, normalise by all valid tokens, KL on all tokens (TRL's
           top_entropy_quantile, but with an exact count).
         """
-        if name not in SELECTION_PRESETS:
-            raise ValueError(
-                f"unknown selection preset {name!r}; valid presets: {sorted(SELECTION_PRESETS)}"
-            )
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown SelectionConfig fields in overrides: {sorted(unknown)}")
-        return replace(SELECTION_PRESETS[name], **overrides)
+        return from_preset(cls, SELECTION_PRESETS, "selection", name, overrides)
 
 
 SELECTION_PRESETS: dict[str, SelectionConfig] = {

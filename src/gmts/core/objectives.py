@@ -16,12 +16,14 @@ omega = d l / d log pi_theta(o_t) of exactly that l (see :func:`gradient_coeffic
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from gmts.core import distributed as dist_utils
+from gmts.core._config_utils import check_choice, from_preset
+from gmts.core._config_utils import help_meta as _help
 
 __all__ = [
     "AGGREGATIONS",
@@ -39,10 +41,6 @@ KL_TOKEN_MODES = ("selected", "all")
 
 # --------------------------------------------------------------------------------------------
 # configuration
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass(frozen=True)
@@ -95,10 +93,7 @@ class ObjectiveConfig:
         _check_objective_args(
             self.clip_low, self.clip_high, self.dual_clip, self.kl_coef, self.kl_clamp
         )
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"aggregation must be one of {list(AGGREGATIONS)}, got {self.aggregation!r}"
-            )
+        check_choice("aggregation", self.aggregation, AGGREGATIONS)
         if not isinstance(self.kl_ratio_correction, bool):
             raise ValueError(
                 f"kl_ratio_correction must be a bool, got {self.kl_ratio_correction!r}"
@@ -108,14 +103,7 @@ class ObjectiveConfig:
     def preset(cls, name: str, **overrides: Any) -> ObjectiveConfig:
         """Named presets: ``"grpo"`` (eq. 1: seq-mean-token-mean, k3 KL with beta 0.001) and
         ``"dapo"`` (token-mean, no KL). Both use the paper's clip 0.2 / 0.28 (Appendix A.3)."""
-        if name not in OBJECTIVE_PRESETS:
-            raise ValueError(
-                f"unknown objective preset {name!r}; valid presets: {sorted(OBJECTIVE_PRESETS)}"
-            )
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown ObjectiveConfig fields in overrides: {sorted(unknown)}")
-        return replace(OBJECTIVE_PRESETS[name], **overrides)
+        return from_preset(cls, OBJECTIVE_PRESETS, "objective", name, overrides)
 
     def loss_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for :func:`policy_loss` (and, minus aggregation, omega)."""
@@ -410,12 +398,9 @@ def loss_denominator(
 
 
 def _check_agg_args(aggregation: str, normalize: str, kl_tokens: str) -> None:
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {list(AGGREGATIONS)}, got {aggregation!r}")
-    if normalize not in NORMALIZE_MODES:
-        raise ValueError(f"normalize must be one of {list(NORMALIZE_MODES)}, got {normalize!r}")
-    if kl_tokens not in KL_TOKEN_MODES:
-        raise ValueError(f"kl_tokens must be one of {list(KL_TOKEN_MODES)}, got {kl_tokens!r}")
+    check_choice("aggregation", aggregation, AGGREGATIONS)
+    check_choice("normalize", normalize, NORMALIZE_MODES)
+    check_choice("kl_tokens", kl_tokens, KL_TOKEN_MODES)
 
 
 def _aggregate(

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from gmts.core import distributed as dist_utils
+from gmts.core._config_utils import check_choice
 
 __all__ = ["SCOPES", "select_tokens", "selection_threshold", "selection_count"]
 
@@ -217,8 +218,7 @@ def select_tokens(
             valid scores, missing/invalid group_ids (raised on every rank of a group).
     """
     frac = _ratio_fraction(ratio)
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {list(SCOPES)}, got {scope!r}")
+    check_choice("scope", scope, SCOPES)
     if not isinstance(largest, bool):
         raise ValueError(f"largest must be a bool, got {largest!r}")
     distributed = dist_utils.is_distributed(process_group)
