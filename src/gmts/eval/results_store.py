@@ -82,7 +82,9 @@ class ResultsStore:
         fresh: discard an existing file and start over.
     """
 
-    def __init__(self, path: str | os.PathLike[str], settings: dict[str, Any], *, fresh=False):
+    def __init__(
+        self, path: str | os.PathLike[str], settings: dict[str, Any], *, fresh: bool = False
+    ):
         self.path = Path(path)
         self.settings = self.normalise(settings)
         self.records: dict[tuple[str, str], QuestionRecord] = {}
