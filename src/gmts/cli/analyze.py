@@ -108,16 +108,12 @@ def resolve_model_dir(args: argparse.Namespace) -> Path:
             raise ValueError(f"--model: {path} is not a Hugging Face model folder (no config.json)")
         return path
     if args.run:
-        run = Path(args.run)
-        for candidate in (run, run / "model"):
-            if (candidate / "config.json").is_file():
-                return candidate
-        from gmts.train.checkpoint import latest_checkpoint
+        from gmts.eval.backends import ModelPathError, resolve_model_path
 
-        ckpt = latest_checkpoint(run)
-        if ckpt is None or not (ckpt / "model" / "config.json").is_file():
-            raise ValueError(f"--run: no checkpoint with a model under {run}/checkpoints")
-        return ckpt / "model"
+        try:  # the same layouts as gmts eval --model: the run's newest checkpoint
+            return resolve_model_path(args.run)
+        except ModelPathError as exc:
+            raise ValueError(f"--run: {exc}") from None
     from gmts.train.warmstart import warm_start
 
     return Path(warm_start(args.task, seed=0, progress=sys.stderr.isatty()))
