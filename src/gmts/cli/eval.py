@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="results JSON (default: eval-<model name>.json); the resumable per-question log "
         "goes next to it as <stem>.partial.jsonl",
     )
-    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"])
+    from gmts.eval.backends import available_backends  # light: torch loads on first use
+
+    parser.add_argument("--backend", default="hf", choices=available_backends())
     parser.add_argument(
         "--batch-size",
         type=int,
