@@ -64,19 +64,17 @@ _EXTRA_MODEL_INPUTS = (
 _SELECTION_FIELDS = ("score", "ratio", "largest", "scope", "normalize", "kl_tokens", "seed")
 
 
+_CORE_FIELDS = {f.name: f for f in fields(SelectionConfig)}
+
+
 def _core_help(name: str) -> str:
     """Help text of ``SelectionConfig.<name>`` (one source of truth for the documentation)."""
-    for f in fields(SelectionConfig):
-        if f.name == name:
-            return str(f.metadata.get("help", ""))
-    return ""
+    return str(_CORE_FIELDS[name].metadata.get("help", ""))
 
 
 def _default(name: str) -> Any:
-    for f in fields(SelectionConfig):
-        if f.name == name:
-            return f.default
-    raise AttributeError(name)
+    """Default of ``SelectionConfig.<name>``."""
+    return _CORE_FIELDS[name].default
 
 
 @dataclass
@@ -190,7 +188,7 @@ def check_trl_args(args: Any) -> None:
             "gmts_selection_unit='step' needs steps_per_generation to be a multiple of "
             "gradient_accumulation_steps (an optimizer step must not span two generations)"
         )
-    if selection.score != "none" and selection.scope == "group":
+    if selection.enabled and selection.scope == "group":
         problems.append(
             "gmts_scope='group' is not available in TRL: its micro-batches shuffle the rows of a "
             "question group across steps and processes; use 'batch' or 'sequence'"
