@@ -208,14 +208,18 @@ register_task(
         description="2-3 digit addition (the demo task): 037+485= -> 225>522$",
     )
 )
+# Measured with the default warm start (800 steps, noise 0.3, 1 thread, seed 0; avg@16 / pass@16 /
+# greedy on 200 held-out questions): addition 0.32 / 0.995 / 1.00; addition-long 0.20 / 0.92 /
+# 0.94; multiplication 0.03 / 0.18 / 0.08. Operands of 4-5 digits (width 5) stayed at 0.00 after
+# 800 steps: the 2-layer model had not learned them, so "addition-long" stops at 4 digits.
 register_task(
     Task(
         "addition-long",
         "+",
-        (1000, 99999),
-        (1000, 99999),
-        width=5,
-        description="4-5 digit addition: longer carries, harder for a tiny model",
+        (100, 9999),
+        (100, 9999),
+        width=4,
+        description="3-4 digit addition: longer answers and carries than the demo task",
     )
 )
 register_task(
@@ -225,6 +229,7 @@ register_task(
         (10, 99),
         (2, 99),
         width=2,
-        description="2-digit x 1-2 digit multiplication: 37*08= -> 692>296$",
+        description="2-digit x 1-2 digit multiplication: 37*08= -> 692>296$ (hard: the warm "
+        "start rarely gets it right, so RL must add ability, not only sharpen)",
     )
 )
