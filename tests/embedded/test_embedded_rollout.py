@@ -148,6 +148,14 @@ def test_shapes_masks_and_groups(models, tok):
     )
 
 
+def test_problem_kinds(models, tok):
+    model = models["gpt2"]
+    kinds = ["12+5=", {"prompt": "12+5=", "answer": "71>17"}, Problem("12+5=", "71>17")]
+    roll = generate_rollouts(model, tok, kinds, num_samples=1, max_new_tokens=4, temperature=0)
+    assert roll.prompts == ["12+5="] * 3 and roll.answers == ["", "71>17", "71>17"]
+    assert roll.completions[0] == roll.completions[1] == roll.completions[2]
+
+
 def test_determinism_and_seed(models, tok):
     model = models["gpt2"]
     a = generate_rollouts(model, tok, PROMPTS, num_samples=4, max_new_tokens=6, seed=5)
@@ -208,6 +216,8 @@ def test_bad_arguments(models, tok):
         generate_rollouts(model, tok, PROMPTS, num_samples=1, max_new_tokens=0)
     with pytest.raises(ValueError, match="problems"):
         generate_rollouts(model, tok, [], num_samples=1, max_new_tokens=3)
+    with pytest.raises(ValueError, match="problems must be"):
+        generate_rollouts(model, tok, [3], num_samples=1, max_new_tokens=3)
     with pytest.raises(ValueError, match="sampler"):
         generate_rollouts(model, tok, PROMPTS, num_samples=1, max_new_tokens=3, sampler="vllm")
     with pytest.raises(ValueError, match="temperature"):

@@ -13,7 +13,7 @@ default; faster on the tiny model, see the module's ``SAMPLERS`` note) and ``mod
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -200,11 +200,16 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def _prompt_and_answer(problem: Any) -> tuple[str, str]:
     if isinstance(problem, str):
         return problem, ""
+    if isinstance(problem, Mapping) and "prompt" in problem:
+        answer = problem.get("answer")
+        return str(problem["prompt"]), "" if answer is None else str(answer)
     if not hasattr(problem, "prompt"):
         raise ValueError(
-            f"problems must be strings or have a .prompt attribute, got {type(problem).__name__}"
+            "problems must be strings, mappings with 'prompt', or objects with a .prompt "
+            f"attribute; got {type(problem).__name__}"
         )
-    return problem.prompt, str(getattr(problem, "answer", ""))
+    answer = getattr(problem, "answer", None)
+    return str(problem.prompt), "" if answer is None else str(answer)
 
 
 def _left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -364,8 +369,9 @@ def generate_rollouts(
     Args:
         model: any Hugging Face causal LM (put in eval mode while sampling, then restored).
         tokenizer: its tokenizer; needs an eos token (pad falls back to eos).
-        problems: Q items, each a ``str`` prompt or an object with ``.prompt`` (and optionally
-            ``.answer``, copied into ``Rollout.answers``).
+        problems: Q items, each a ``str`` prompt, a mapping with "prompt" (and optionally
+            "answer"), or an object with ``.prompt`` (and optionally ``.answer``); answers are
+            copied into ``Rollout.answers`` ("" when absent).
         num_samples: G >= 1 samples per problem; rows of a group are contiguous.
         max_new_tokens: generation budget per row (EOS included).
         temperature: softmax temperature; 0 samples greedily.
