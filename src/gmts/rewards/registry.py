@@ -47,19 +47,10 @@ def available_rewards() -> list[str]:
     return sorted(_REWARDS)
 
 
-@register_reward("math")
-def _math(completion: str, answer: str) -> float:
-    return math_reward(completion, answer)
-
-
-@register_reward("choice")
-def _choice(completion: str, answer: str) -> float:
-    return choice_reward(completion, answer)
-
-
-@register_reward("yes_no")
-def _yes_no(completion: str, answer: str) -> float:
-    return yes_no_reward(completion, answer)
+# these already take (completion, answer); their other arguments are keyword-only defaults
+register_reward("math")(math_reward)
+register_reward("choice")(choice_reward)
+register_reward("yes_no")(yes_no_reward)
 
 
 @register_reward("code")
