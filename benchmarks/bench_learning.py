@@ -177,7 +177,7 @@ def run_one(spec: RunSpec, steps: int, eval_every: int, eval_questions: int, thr
 def _spawn(
     spec: RunSpec, path: Path, steps: int, eval_every: int, eval_questions: int, threads: int
 ) -> str:
-    from common import python_env
+    from bench_common import python_env
 
     cmd = [
         sys.executable,
@@ -299,7 +299,7 @@ def _moving_average(values: list[float], width: int) -> list[float]:
 
 
 def run(options) -> dict[str, Any]:
-    from common import REPO_ROOT
+    from bench_common import REPO_ROOT
 
     plan_name = "quick" if options.quick else options.extra.get("learning_plan") or "subset"
     steps = options.extra.get("learning_steps") or (4 if options.quick else DEFAULT_STEPS)

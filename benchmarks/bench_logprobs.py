@@ -48,7 +48,7 @@ def naive_logprobs_and_entropy(hidden, weight, labels):
 
 
 def chunked_logprobs_and_entropy(hidden, weight, labels):
-    from common import core_api
+    from bench_common import core_api
 
     token_logprobs_and_entropy = core_api("token_logprobs_and_entropy")
 
@@ -57,7 +57,7 @@ def chunked_logprobs_and_entropy(hidden, weight, labels):
 
 
 def from_hidden_logprobs_and_entropy(hidden, weight, labels):
-    from common import core_api
+    from bench_common import core_api
 
     token_logprobs_and_entropy_from_hidden = core_api("token_logprobs_and_entropy_from_hidden")
 
@@ -74,7 +74,7 @@ FUNCTIONS = {
 def worker(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> dict[str, Any]:
     """Measure one variant in this process: peak memory of the first call, median time."""
     import torch
-    from common import proc_status_kib, reset_peak_rss
+    from bench_common import proc_status_kib, reset_peak_rss
 
     torch.set_num_threads(threads)
     fn = FUNCTIONS[variant]
@@ -132,7 +132,7 @@ def worker(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> 
 
 
 def _start(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> subprocess.Popen:
-    from common import python_env
+    from bench_common import python_env
 
     cmd = [
         sys.executable,
@@ -151,7 +151,7 @@ def _start(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> 
 
 
 def _finish(variant: str, proc: subprocess.Popen) -> dict[str, Any]:
-    from common import summarize_times
+    from bench_common import summarize_times
 
     stdout, stderr = proc.communicate()
     if proc.returncode != 0:
@@ -174,7 +174,7 @@ def memory_need(variant: str, n: int, v: int, h: int) -> int:
 
 
 def run(options) -> dict[str, Any]:
-    from common import MEMORY_CAP_BYTES, goal, mem_available_bytes, ratio
+    from bench_common import MEMORY_CAP_BYTES, goal, mem_available_bytes, ratio
 
     if options.quick:
         n, v, h, repeats = 256, 8192, 128, 2

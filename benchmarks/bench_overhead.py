@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import BenchOptions, goal, ratio, summarize_times
+from bench_common import BenchOptions, goal, ratio, summarize_times
 from tiny_setup import StepShape, train_config, warm_model_path
 
 VARIANTS = {  # name -> (selection score, selection logging on)

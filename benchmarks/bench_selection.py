@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 import torch
-from common import BenchOptions, core_api, goal, interleaved_times, ratio
+from bench_common import BenchOptions, core_api, goal, interleaved_times, ratio
 
 RATIO = 0.2
 ROW_LENGTH = 4096  # T: response positions per row

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import BenchOptions, goal, ratio, summarize_times
+from bench_common import BenchOptions, goal, ratio, summarize_times
 from tiny_setup import TASK, StepShape, train_config, warm_model_path
 
 PAIRS = {"all tokens": ("none", 1.0), "ETS top 20%": ("entropy", 0.2)}

@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from common import (  # noqa: E402
+from bench_common import (  # noqa: E402
     DEFAULT_RESULTS_DIR,
     BenchOptions,
     git_commit,

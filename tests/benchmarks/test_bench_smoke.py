@@ -6,6 +6,7 @@ shapes and that the measured variants compute the same numbers.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,8 +18,18 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import bench_learning  # noqa: E402
 import bench_logprobs  # noqa: E402
-import report  # noqa: E402
-import run as bench_run  # noqa: E402
+
+
+def _load(name: str, filename: str):
+    """Load benchmarks/<filename> under a unique module name (run.py / report.py are generic)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_run = _load("gmts_bench_run", "run.py")
+report = _load("gmts_bench_report", "report.py")
 
 
 def test_parse_only_validates_names() -> None:
