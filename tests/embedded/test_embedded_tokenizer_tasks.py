@@ -135,3 +135,17 @@ def test_registry_errors():
     assert {"addition", "addition-long", "multiplication"} <= set(available_tasks())
     with pytest.raises(ValueError, match="operator"):
         Task("bad", "/", (1, 9), (1, 9), width=1)
+
+
+def test_tasks_module_stays_light():
+    import subprocess
+    import sys
+
+    # the package may import what it likes; the task registry itself adds no transformers import
+    code = (
+        "import sys, gmts.data; before = 'transformers' in sys.modules; import gmts.data.tasks; "
+        "print(before, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, after = out.stdout.split()
+    assert after == before

@@ -8,7 +8,10 @@ harmless and the default path exercises the case that real models hit.
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # tasks.py imports END_TOKEN from here: keep transformers out of that path
+    from transformers import PreTrainedTokenizerFast
 
 END_TOKEN = "$"
 """Marks the end of a completion; the tokenizer's eos and pad token."""
@@ -30,6 +33,7 @@ def build_char_tokenizer(alphabet: str = TASK_ALPHABET) -> PreTrainedTokenizerFa
         that joins characters without spaces. ``save_pretrained``/``from_pretrained`` round-trip.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     if not alphabet:
         raise ValueError("alphabet must not be empty")
