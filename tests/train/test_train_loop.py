@@ -72,17 +72,9 @@ def _fixed_batch(model_dir: Path):
     rewards = torch.tensor(
         [_tiny.partial_credit(c, a) for c, a in zip(roll.completions, roll.answers)]
     )
-    batch = TrainBatch(
-        prompt_ids=roll.prompt_ids,
-        prompt_mask=roll.prompt_mask,
-        response_ids=roll.response_ids,
-        response_mask=roll.response_mask,
-        rewards=rewards,
-        advantages=group_advantages(rewards, 4).float(),
-        group_ids=roll.group_ids,
-    )
+    batch = TrainBatch.from_rollout(roll, rewards, group_advantages(rewards, 4))
     stats = batched_statistics(model, batch, micro_batch_size=16)
-    batch.old_logprobs, batch.old_entropy = stats.logprobs, stats.entropy
+    batch.set_old_statistics(stats)
     return model, batch, cfg
 
 

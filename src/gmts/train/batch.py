@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from gmts.core.logprobs import TokenStatistics
 
 
 @dataclass
@@ -40,6 +43,33 @@ class TrainBatch:
     old_logit_grad_norm: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
 
+    @classmethod
+    def from_rollout(
+        cls, roll: Any, rewards: torch.Tensor, advantages: torch.Tensor, group_offset: int = 0
+    ) -> TrainBatch:
+        """The batch of a :class:`gmts.train.rollout.Rollout` with ``(B,)`` rewards and
+        advantages; ``group_offset`` shifts the group ids (this rank's first global group)."""
+        return cls(
+            prompt_ids=roll.prompt_ids,
+            prompt_mask=roll.prompt_mask,
+            response_ids=roll.response_ids,
+            response_mask=roll.response_mask,
+            rewards=rewards,
+            advantages=advantages.float(),
+            group_ids=roll.group_ids + group_offset,
+        )
+
+    def old_statistics(self) -> TokenStatistics:
+        """The rollout policy's ``(B, T)`` statistics stored in this batch."""
+        if self.old_logprobs is None or self.old_entropy is None:
+            raise ValueError("old_statistics: old_logprobs/old_entropy are not filled in")
+        return TokenStatistics(self.old_logprobs, self.old_entropy, self.old_logit_grad_norm)
+
+    def set_old_statistics(self, stats: TokenStatistics) -> None:
+        """Store the rollout policy's statistics (``(B, T)`` each) in this batch."""
+        self.old_logprobs, self.old_entropy = stats.logprobs, stats.entropy
+        self.old_logit_grad_norm = stats.logit_grad_norm
+
     @property
     def num_rows(self) -> int:
         return self.response_ids.shape[0]
@@ -63,6 +93,7 @@ class TrainBatch:
         return TrainBatch(**kw)
 
     def to(self, device: torch.device | str) -> TrainBatch:
+        """A copy with every tensor on ``device``."""
         kw = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

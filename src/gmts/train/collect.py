@@ -126,15 +126,7 @@ def collect_batch(
     reward = torch.cat([k[1] for k in kept])
     raw = torch.cat([k[2] for k in kept])
     advantages = group_advantages(reward, G, std_normalize=r.std_normalize)
-    batch = TrainBatch(
-        prompt_ids=roll.prompt_ids,
-        prompt_mask=roll.prompt_mask,
-        response_ids=roll.response_ids,
-        response_mask=roll.response_mask,
-        rewards=reward,
-        advantages=advantages.float(),
-        group_ids=roll.group_ids + info.rank * n_local,  # global group ids
-    )
+    batch = TrainBatch.from_rollout(roll, reward, advantages, group_offset=info.rank * n_local)
     lengths = roll.response_lengths.float()
     sums = torch.tensor(
         [

@@ -25,13 +25,13 @@ import random
 import re
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gmts.core.logprobs import TokenStatistics
 from gmts.train import checkpoint as ckpt
 from gmts.train.batch import TrainBatch
 from gmts.train.collect import collect_batch
@@ -116,7 +116,7 @@ def load_policy(path: str, cfg: TrainConfig, device: torch.device) -> tuple[Any,
     return model, tokenizer
 
 
-def lr_lambda(cfg: TrainConfig, total_steps: int):
+def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
     """Warmup then constant or cosine (to ``min_lr_ratio``), as a multiplier of the peak lr."""
     o = cfg.optim
 
@@ -276,7 +276,6 @@ class Trainer:
         # One update on one micro-batch: the loss's own forward pass gives the old log-probs
         # (update_minibatch's single-pass mode). Otherwise a no-grad pass, micro-batched.
         single_pass = self.minibatches == 1 and cfg.optim.epochs == 1 and batch.num_rows <= micro
-        old = None
         if not single_pass:
             old = batched_statistics(
                 self.model,
@@ -286,8 +285,7 @@ class Trainer:
                 chunk_size=chunk,
                 logit_grad_norm=needs_logit_grad_norm(cfg.selection),
             )
-            batch.old_logprobs, batch.old_entropy = old.logprobs, old.entropy
-            batch.old_logit_grad_norm = old.logit_grad_norm
+            batch.set_old_statistics(old)
 
         rows_per_mb = cfg.mini_batch_questions // self.info.world_size * cfg.rollout.group_size
         opt_step = step * self.minibatches * cfg.optim.epochs
@@ -296,13 +294,10 @@ class Trainer:
         for epoch in range(cfg.optim.epochs):
             for i in range(self.minibatches):
                 rows = slice(i * rows_per_mb, (i + 1) * rows_per_mb)
-                current = None
-                if old is not None and epoch == 0 and i == 0:  # policy unchanged since rollout
-                    lgn = old.logit_grad_norm
-                    current = TokenStatistics(
-                        old.logprobs[rows], old.entropy[rows], None if lgn is None else lgn[rows]
-                    )
                 minibatch = batch if single_pass else batch.rows(rows)
+                current = None
+                if not single_pass and epoch == 0 and i == 0:  # policy unchanged since rollout
+                    current = minibatch.old_statistics()
                 m, _ = update_minibatch(
                     self.model,
                     self.optimizer,
