@@ -61,6 +61,8 @@ class DemoSettings:
 
 @dataclass
 class DemoRow:
+    """One policy's line of the demo table (held-out metrics keyed ``average@k``/``pass@k``)."""
+
     method: str
     before: dict[str, float]
     after: dict[str, float]
@@ -71,6 +73,8 @@ class DemoRow:
 
 @dataclass
 class DemoResult:
+    """The settings, one row per method, and the wall-clock times of the whole demo."""
+
     settings: DemoSettings
     warm_start_s: float
     rows: list[DemoRow] = field(default_factory=list)
@@ -114,7 +118,6 @@ def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> 
     """Warm start (cached), evaluate it, train the three policies, evaluate each."""
     import torch
 
-    from gmts.train.evaluation import evaluate_policy
     from gmts.train.trainer import Trainer
     from gmts.train.warmstart import warm_start
 
@@ -132,14 +135,7 @@ def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> 
         cfg = demo_config(settings, str(warm), method, progress)
         trainer = Trainer(cfg)
         if before is None:  # the same warm start for every method: evaluate it once
-            before = evaluate_policy(
-                trainer.model,
-                trainer.tokenizer,
-                trainer.task,
-                n_questions=settings.eval_questions,
-                k=settings.eval_samples,
-                seed=settings.seed,
-            )
+            before = trainer.evaluate() or {}  # measured exactly as the trainer's eval_after
         t1 = time.perf_counter()
         run = trainer.run()
         hist = run.history

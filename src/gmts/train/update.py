@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gmts.core.config import SelectionConfig
 from gmts.core.logprobs import TokenStatistics, token_statistics
 from gmts.core.objectives import (
     ObjectiveConfig,
@@ -37,7 +38,7 @@ class UpdateSettings:
     """What :func:`update_minibatch` needs besides the model and the data."""
 
     objective: ObjectiveConfig
-    selection: Any  # gmts.core.config.SelectionConfig
+    selection: SelectionConfig
     micro_batch_size: int
     temperature: float = 1.0
     chunk_size: int | None = None
@@ -45,11 +46,13 @@ class UpdateSettings:
     overlap_metrics: bool = True
 
 
-def needs_logit_grad_norm(selection: Any) -> bool:
+def needs_logit_grad_norm(selection: SelectionConfig) -> bool:
+    """Whether the configured score reads the per-token logit-gradient norm."""
     return selection.score != "none" and "logit_grad_norm" in SCORE_REQUIREMENTS[selection.score]
 
 
 def micro_slices(num_rows: int, size: int) -> Iterator[slice]:
+    """Consecutive row slices of at most ``size`` rows covering ``range(num_rows)``."""
     for start in range(0, num_rows, size):
         yield slice(start, min(start + size, num_rows))
 
@@ -264,8 +267,7 @@ def update_minibatch(
     if current is not None:
         metrics.update(selection_metrics(settings, batch, current, selected, info))
 
-    normalize = getattr(sel, "normalize", "selected")
-    kl_tokens = getattr(sel, "kl_tokens", "selected")
+    normalize, kl_tokens = sel.normalize, sel.kl_tokens
     denominator = loss_denominator(mask, selected, objective.aggregation, normalize, group)
     kl_denominator = None
     if objective.kl_coef > 0 and kl_tokens == "all" and selected is not None:
