@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    from gmts.train.distributed import shutdown
     from gmts.train.trainer import train
 
     try:
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # bad model path, dataset fields, ... : one line, no traceback
         print(f"gmts train: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        shutdown()  # under torchrun: leave the process group the trainer joined
     if result.eval_after is not None:
         before = result.eval_before or {}
         parts = [

@@ -7,7 +7,7 @@ Layout of ``<run_dir>/checkpoints/step_000010/``::
 
 A folder only ever appears under its final name complete (``os.replace`` of a finished
 temporary folder), so a run killed at any moment leaves either the previous checkpoints or the
-new one, never half of one. Leftover ``.tmp-*`` folders are removed on the next save/resume.
+new one, never half of one. Leftover ``.tmp-*`` folders are ignored on resume and removed by the next save.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back the RNG states of :func:`capture_rng_state`."""
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -50,6 +51,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/checkpoints``."""
     return Path(run_dir) / "checkpoints"
 
 
@@ -67,6 +69,7 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None."""
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1][1] if ckpts else None
 
@@ -90,6 +93,8 @@ def save_checkpoint(
     ``trainer_state`` holds everything but the weights (optimizer, scheduler, RNG, data
     position, step); it is saved with ``torch.save``.
     """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")  # [:-0] would keep everything
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     _remove_temporaries(root)
@@ -111,6 +116,7 @@ def save_checkpoint(
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    """The ``trainer_state`` saved in checkpoint folder ``path`` (tensors on CPU)."""
     return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
 
 

@@ -17,6 +17,8 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class DistInfo:
+    """This process's place in the process group (the defaults: one process)."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -47,6 +49,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
 
 
 def resolve_device(device: str, info: DistInfo) -> torch.device:
+    """``model.device`` as a torch device: auto/cuda pick this rank's GPU (``local_rank``)."""
     if device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", info.local_rank)
@@ -84,20 +87,13 @@ def all_reduce_gradients(parameters: list[torch.nn.Parameter], info: DistInfo) -
             offset += n
 
 
-def broadcast_object(obj: Any, info: DistInfo) -> Any:
-    """Rank 0's ``obj`` on every rank."""
-    if info.world_size <= 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def barrier(info: DistInfo) -> None:
+    """Wait for every rank (no-op with one process)."""
     if info.world_size > 1:
         dist.barrier()
 
 
-def shutdown(info: DistInfo) -> None:
-    if info.world_size > 1 and dist.is_initialized():
+def shutdown(info: DistInfo | None = None) -> None:
+    """Leave the process group if one was joined (call once, when the process is done)."""
+    if (info is None or info.world_size > 1) and dist.is_initialized():
         dist.destroy_process_group()
