@@ -32,6 +32,7 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:  #
 
 
 def _check(condition: bool, name: str, message: str) -> None:
+    """Raise ``ValueError("<name>: <message>")`` unless ``condition``."""
     if not condition:
         raise ValueError(f"{name}: {message}")
 
@@ -127,7 +128,11 @@ class RolloutConfig:
     questions_per_batch: int = _f(32, "Questions per rollout batch (all ranks together).")
     group_size: int = _f(8, "Answers sampled per question (G).")
     temperature: float = _f(1.0, "Sampling temperature; log-probs use the same temperature.")
-    max_prompt_length: int = _f(1024, "Longer prompts are skipped (counted in metrics).")
+    max_prompt_length: int = _f(
+        1024,
+        "Dataset training: longer prompts are dropped at load time (logged as "
+        "data/skipped_too_long).",
+    )
     max_response_length: int | None = _f(
         None, "Max new tokens per answer (null: the task's own limit; 1024 for datasets)."
     )
@@ -298,6 +303,7 @@ class TrainConfig:
 
     @property
     def mini_batch_questions(self) -> int:
+        """Questions per optimizer step (``optim.mini_batch_questions`` resolved)."""
         return self.optim.mini_batch_questions or self.rollout.questions_per_batch
 
 
@@ -330,14 +336,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if type(None) in args:
                 return None
             raise ValueError(f"{key}: must not be null (expected {_type_name(tp)})")
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(value, arg, key)
-            except ValueError as exc:
-                errors.append(str(exc))
+            except ValueError:
+                pass  # try the next member of the union
         raise ValueError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         allowed = typing.get_args(tp)
@@ -422,9 +427,9 @@ def build_config(raw: dict[str, Any] | None) -> TrainConfig:
     ``objective`` entries override :meth:`ObjectiveConfig.preset` of ``algorithm``.
     Raises ``ValueError`` naming the bad key or value.
     """
-    raw = dict(raw or {})
-    if not isinstance(raw, dict):
+    if raw is not None and not isinstance(raw, dict):
         raise ValueError("config: expected a mapping at the top level")
+    raw = dict(raw or {})
     objective_raw = raw.pop("objective", None)
     cfg = _build(TrainConfig, raw, "")
     if objective_raw is not None:
@@ -516,6 +521,7 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_yaml(cfg: TrainConfig) -> str:
+    """``cfg`` as YAML that :func:`load_config` reads back to an equal config."""
     import yaml
 
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
@@ -525,10 +531,14 @@ def dump_yaml(cfg: TrainConfig) -> str:
 
 
 def config_reference(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) for every leaf field, from the dataclass metadata."""
+    """(key, type, default, help) for every leaf field, from the dataclass metadata.
+
+    Defaults are the fields' own (``null`` where the algorithm decides); ``objective.*`` shows
+    ``ObjectiveConfig``'s defaults, which the default algorithm's (DAPO) preset keeps.
+    """
     rows: list[tuple[str, str, str, str]] = []
     types_ = _field_types(cls)
-    defaults = cls() if cls is not TrainConfig else TrainConfig()
+    defaults = cls()
     for f in dataclasses.fields(cls):
         if not f.init:
             continue

@@ -79,15 +79,17 @@ class DatasetSource:
     ) -> None:
         if not examples:
             raise ValueError("data.dataset: no examples")
-        problems = []
-        for question, answer in examples:
-            if template is not None:
-                from gmts.data.prompts import format_prompt
+        from gmts.data.prompts import format_prompt
 
-                prompt = format_prompt(tokenizer, question, template=template)
-            else:
-                prompt = question
-            problems.append(Problem(prompt=prompt, answer=answer))
+        problems = [
+            Problem(
+                prompt=question
+                if template is None
+                else format_prompt(tokenizer, question, template=template),
+                answer=answer,
+            )
+            for question, answer in examples
+        ]
         lengths = [len(ids) for ids in tokenizer([p.prompt for p in problems])["input_ids"]]
         self.problems = [p for p, n in zip(problems, lengths) if n <= max_prompt_tokens]
         self.skipped_too_long = len(problems) - len(self.problems)

@@ -326,6 +326,8 @@ class Trainer:
         self.skipped_total += int(sums.get("update/skipped_nonfinite", 0))
         metrics["update/skipped_total"] = float(self.skipped_total)
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        if isinstance(self.source, DatasetSource):
+            metrics["data/skipped_too_long"] = float(self.source.skipped_too_long)
         step_time = time.perf_counter() - t0
         metrics["time/rollout_s"] = t_rollout
         metrics["time/update_s"] = step_time - t_rollout
