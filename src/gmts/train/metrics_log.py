@@ -27,6 +27,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def read_metrics(run_dir: str | Path, name: str = METRICS_FILE) -> list[dict[str, Any]]:
+    """The rows of ``<run_dir>/<name>`` in order ([] if the file does not exist)."""
     path = Path(run_dir) / name
     if not path.is_file():
         return []
@@ -93,6 +94,7 @@ class MetricsLogger:
             )
 
     def log(self, step: int, metrics: dict[str, Any], name: str = METRICS_FILE) -> None:
+        """Append one row to ``name`` (and mirror its numbers to TensorBoard / W&B)."""
         if not self.enabled:
             return
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}

@@ -35,7 +35,7 @@ import torch
 from gmts.train import checkpoint as ckpt
 from gmts.train.batch import TrainBatch
 from gmts.train.collect import collect_batch
-from gmts.train.config import TrainConfig, dump_yaml
+from gmts.train.config import TrainConfig, config_to_dict, dump_yaml
 from gmts.train.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -238,11 +238,14 @@ class Trainer:
             report_to=cfg.logging.report_to,
             enabled=self.info.is_main,
             wandb_project=cfg.logging.wandb_project,
+            config=config_to_dict(cfg),
         )
         if self.info.is_main:
-            if self.resume_from is not None:
-                truncate_metrics(self.run_dir, self.step)
-                truncate_metrics(self.run_dir, self.step, EVAL_FILE)
+            # Resumed: drop the rows of steps about to be re-run. Fresh: drop an earlier run's
+            # rows in the same directory (appending would mix two runs in one file).
+            last = self.step if self.resume_from is not None else -1
+            truncate_metrics(self.run_dir, last)
+            truncate_metrics(self.run_dir, last, EVAL_FILE)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
     def collect(self, step: int) -> tuple[TrainBatch, dict[str, float]]:
