@@ -11,7 +11,7 @@ from gmts.core.advantages import dynamic_sampling_keep, group_advantages
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
 from gmts.train.distributed import DistInfo, all_reduce_sum
-from gmts.train.sources import RewardFn
+from gmts.train.sources import QuestionSource, RewardFn
 
 
 def score_rewards(
@@ -51,7 +51,7 @@ def sampling_seed(seed: int, step: int, round_: int, rank: int) -> int:
 def collect_batch(
     model: Any,
     tokenizer: Any,
-    source: Any,
+    source: QuestionSource,
     reward_fn: RewardFn,
     r: RolloutConfig,
     *,

@@ -9,6 +9,7 @@ from gmts.train.metrics_log import METRICS_FILE, read_metrics
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` values (shorter at the start)."""
     if window <= 1:
         return values
     out, acc, buf = [], 0.0, []
@@ -32,6 +33,8 @@ def plot_runs(
     """Write a PNG with ``metrics`` (panels) of every run in ``run_dirs`` (lines)."""
     if not metrics:
         raise ValueError("--metrics: give at least one metric")
+    if smooth < 1:
+        raise ValueError(f"--smooth: must be >= 1 (1: no smoothing), got {smooth}")
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
     runs = []

@@ -11,11 +11,23 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gmts.data.tasks import Problem
 
 RewardFn = Callable[[str, str], float]
+
+
+class QuestionSource(Protocol):
+    """What the trainer draws questions from (:class:`TaskSource`, :class:`DatasetSource`)."""
+
+    def next(self, n: int) -> list[Problem]:
+        """The next ``n`` questions (identical on every rank)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class TaskSource:

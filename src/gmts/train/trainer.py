@@ -46,6 +46,7 @@ from gmts.train.distributed import (
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.sources import (
     DatasetSource,
+    QuestionSource,
     RewardFn,
     TaskSource,
     dataset_reward,
@@ -163,7 +164,7 @@ class Trainer:
             from gmts.data.tasks import get_task
 
             self.task = get_task(cfg.data.task)
-            self.source: Any = TaskSource(self.task, cfg.seed)
+            self.source: QuestionSource = TaskSource(self.task, cfg.seed)
             self.reward_fn = reward_fn or self.task.reward
             self.max_new_tokens = r.max_response_length or self.task.max_new_tokens
         else:
