@@ -4,6 +4,7 @@ partial credit (so a random model gets non-zero advantages), small configs."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,6 +41,27 @@ def small_config(model_dir: Path, run_dir: Path, *overrides: str):
         "checkpoint.save_final=false",
     ]
     return load_config(None, [*base, *overrides])
+
+
+def rollout_batch(model: Any, tokenizer: Any, *, problem_seed: int, sample_seed: int) -> Any:
+    """A TrainBatch of 4 addition questions x 4 samples (9 new tokens) from ``model``, rewarded
+    with :func:`partial_credit`, with the old log-probs/entropies filled in (no grad)."""
+    import random
+
+    from gmts.core.advantages import group_advantages
+    from gmts.data.tasks import get_task
+    from gmts.train.batch import TrainBatch
+    from gmts.train.rollout import generate_rollouts
+    from gmts.train.update import batched_statistics
+
+    problems = get_task("addition").sample(4, random.Random(problem_seed))
+    roll = generate_rollouts(
+        model, tokenizer, problems, num_samples=4, max_new_tokens=9, seed=sample_seed
+    )
+    rewards = torch.tensor([partial_credit(c, a) for c, a in zip(roll.completions, roll.answers)])
+    batch = TrainBatch.from_rollout(roll, rewards, group_advantages(rewards, 4))
+    batch.set_old_statistics(batched_statistics(model, batch, micro_batch_size=16))
+    return batch
 
 
 def params_vector(model: torch.nn.Module) -> torch.Tensor:

@@ -24,28 +24,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _torchrun(*args: str, env: dict[str, str], timeout: int) -> None:
+    """``torchrun --nproc_per_node 2 ARGS`` on a free port; raises if it fails."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={_free_port()}",
+            *args,
+        ],
+        check=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
 def _make_batch(model_dir: Path, path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gmts.core.advantages import group_advantages
-    from gmts.data.tasks import get_task
-    from gmts.train.batch import TrainBatch
-    from gmts.train.rollout import generate_rollouts
-    from gmts.train.update import batched_statistics
-
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    problems = get_task("addition").sample(4, __import__("random").Random(1))
-    roll = generate_rollouts(model, tokenizer, problems, num_samples=4, max_new_tokens=9, seed=5)
-    rewards = torch.tensor(
-        [_tiny.partial_credit(c, a) for c, a in zip(roll.completions, roll.answers)]
-    )
-    batch = TrainBatch.from_rollout(roll, rewards, group_advantages(rewards, 4))
-    stats = batched_statistics(model, batch, micro_batch_size=16)
-    batch.set_old_statistics(stats)
+    batch = _tiny.rollout_batch(model, tokenizer, problem_seed=1, sample_seed=5)
     # a reference policy different from the current one, so the KL term has a gradient
-    batch.ref_logprobs = stats.logprobs + 0.1 * torch.randn(
-        stats.logprobs.shape, generator=torch.Generator().manual_seed(0)
+    batch.ref_logprobs = batch.old_logprobs + 0.1 * torch.randn(
+        batch.old_logprobs.shape, generator=torch.Generator().manual_seed(0)
     )
     torch.save(batch, path)
 
@@ -64,19 +68,11 @@ def test_two_processes_equal_one_process(tmp_path):
         env=env,
         timeout=300,
     )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={_free_port()}",
-            worker,
-            str(model_dir),
-            str(tmp_path / "batch.pt"),
-            str(tmp_path / "two"),
-        ],
-        check=True,
+    _torchrun(
+        worker,
+        str(model_dir),
+        str(tmp_path / "batch.pt"),
+        str(tmp_path / "two"),
         env=env,
         timeout=300,
     )
@@ -111,30 +107,22 @@ def test_torchrun_two_processes_end_to_end(tmp_path):
     model_dir = _tiny.save_tiny_model(tmp_path / "model")
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={_free_port()}",
-            "-m",
-            "gmts",
-            "train",
-            f"model.path={model_dir}",
-            f"logging.output_dir={run_dir}",
-            "logging.progress=false",
-            "algorithm=dapo",
-            "rollout.questions_per_batch=4",
-            "rollout.group_size=4",
-            "rollout.max_sampling_rounds=2",
-            "optim.mini_batch_questions=2",
-            "optim.micro_batch_size=4",
-            "optim.steps=2",
-            "data.eval_questions=4",
-            "data.eval_samples=2",
-        ],
-        check=True,
+    _torchrun(
+        "-m",
+        "gmts",
+        "train",
+        f"model.path={model_dir}",
+        f"logging.output_dir={run_dir}",
+        "logging.progress=false",
+        "algorithm=dapo",
+        "rollout.questions_per_batch=4",
+        "rollout.group_size=4",
+        "rollout.max_sampling_rounds=2",
+        "optim.mini_batch_questions=2",
+        "optim.micro_batch_size=4",
+        "optim.steps=2",
+        "data.eval_questions=4",
+        "data.eval_samples=2",
         env=env,
         timeout=600,
     )

@@ -13,7 +13,7 @@ import torch
 from gmts.train import checkpoint as ckpt
 from gmts.train.metrics_log import read_metrics
 from gmts.train.trainer import Trainer, train
-from gmts.train.update import UpdateSettings, batched_statistics, update_minibatch
+from gmts.train.update import UpdateSettings, update_minibatch
 
 _spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
 _tiny = importlib.util.module_from_spec(_spec)
@@ -59,22 +59,11 @@ def test_each_algorithm_and_selection_updates_and_selects_the_ratio(
 
 def _fixed_batch(model_dir: Path):
     """A rollout batch of the tiny model with statistics, for update-level tests."""
-    from gmts.core.advantages import group_advantages
-    from gmts.data.tasks import get_task
-    from gmts.train.batch import TrainBatch
-    from gmts.train.rollout import generate_rollouts
     from gmts.train.trainer import load_policy
 
     cfg = _tiny.small_config(model_dir, model_dir.parent / "unused")
     model, tokenizer = load_policy(str(model_dir), cfg, torch.device("cpu"))
-    problems = get_task("addition").sample(4, __import__("random").Random(0))
-    roll = generate_rollouts(model, tokenizer, problems, num_samples=4, max_new_tokens=9, seed=3)
-    rewards = torch.tensor(
-        [_tiny.partial_credit(c, a) for c, a in zip(roll.completions, roll.answers)]
-    )
-    batch = TrainBatch.from_rollout(roll, rewards, group_advantages(rewards, 4))
-    stats = batched_statistics(model, batch, micro_batch_size=16)
-    batch.set_old_statistics(stats)
+    batch = _tiny.rollout_batch(model, tokenizer, problem_seed=0, sample_seed=3)
     return model, batch, cfg
 
 
