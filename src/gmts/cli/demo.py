@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=1,
-        help="torch.set_num_threads (default 1: the tiny model's matrices are small, and on a "
-        "busy 2-core machine 2 threads measured 4-7x slower per step).",
+        help="torch.set_num_threads (0: torch's default; default 1: the tiny model's matrices "
+        "are small, and on a busy 2-core machine 2 threads measured 4-7x slower per step).",
     )
     parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
     parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts.train.demo import DemoSettings, format_table, run_demo
 
+    if args.threads < 0:
+        print(f"gmts demo: error: --threads must be >= 0, got {args.threads}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -29,6 +28,7 @@ from gmts.core.objectives import (
 )
 from gmts.core.scores import SCORE_REQUIREMENTS, ScoreInputs, compute_scores
 from gmts.core.selection import select_tokens
+from gmts.core.step import select_for_update
 from gmts.train.batch import TrainBatch
 from gmts.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
 
@@ -124,11 +124,10 @@ def _select(
     settings: UpdateSettings,
     batch: TrainBatch,
     current: TokenStatistics | None,
-    group: Any,
+    info: DistInfo,
     step: int,
 ) -> torch.Tensor | None:
-    from gmts.core.step import select_for_update
-
+    """The ``(B, T)`` selection of the whole mini-batch (global over ranks); None for 'none'."""
     sel = settings.selection
     if sel.score == "none":
         return None
@@ -144,7 +143,7 @@ def _select(
         ref_logprobs=batch.ref_logprobs,
         logit_grad_norm=current.logit_grad_norm,
         group_ids=batch.group_ids,
-        process_group=group,
+        process_group=info.group,
         step=step,
     )
     return result.selected
@@ -262,7 +261,7 @@ def update_minibatch(
             chunk_size=settings.chunk_size,
             logit_grad_norm=needs_logit_grad_norm(sel),
         )
-    selected = _select(settings, batch, current, group, step)
+    selected = _select(settings, batch, current, info, step)
     metrics: dict[str, float] = {}
     if current is not None:
         metrics.update(selection_metrics(settings, batch, current, selected, info))
