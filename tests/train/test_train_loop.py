@@ -59,7 +59,7 @@ def test_each_algorithm_and_selection_updates_and_selects_the_ratio(
 
 def _fixed_batch(model_dir: Path):
     """A rollout batch of the tiny model with statistics, for update-level tests."""
-    from gmts.train.trainer import load_policy
+    from gmts.train.policy import load_policy
 
     cfg = _tiny.small_config(model_dir, model_dir.parent / "unused")
     model, tokenizer = load_policy(str(model_dir), cfg, torch.device("cpu"))
