@@ -13,6 +13,11 @@ Algorithm (linear in N, exact, no sorting of tokens, no torch.quantile):
    the first ones in row-major order of the global batch (the ranks' batches concatenated in
    rank order), until the unit holds exactly k = ceil(ratio * N_unit) tokens.
 
+In a single process with scope "batch" (one unit, no communication), step 2 is instead an
+exact order statistic: a fixed-seed sample brackets the k-th best score, one pass counts the
+scores above the bracket and gathers the few inside it, and ``torch.kthvalue`` finishes on that
+band (see ``_kth_largest``). Steps 1 and 3 are shared, so both paths give the same mask.
+
 Tie rule (documented, deterministic): among equal scores, the token that comes first in
 row-major order of the global batch is selected first.
 """
@@ -260,10 +265,119 @@ def _select(
     batch_scope = scope == "batch"
 
     counts = torch.zeros(n_units, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, unit_row, mask.sum(1))
+    counts.scatter_add_(0, unit_row, torch.count_nonzero(mask, dim=1))
     counts = dist_utils.all_reduce_sum(counts, group)  # (U,) global valid tokens per unit
     k = _counts_to_k(counts, frac)  # (U,)
 
+    if group is None and batch_scope:
+        threshold, k_rem = _batch_threshold(values, mask, int(k[0]), largest)
+    else:
+        threshold, k_rem = _radix_threshold(
+            values, mask, k, largest, unit_row, n_units, batch_scope, group
+        )
+    # k_rem[u]: how many tokens equal to the threshold unit u still takes (row-major order).
+
+    thr = threshold.reshape(1, 1) if batch_scope else threshold[unit_row][:, None]  # (B, 1)
+    beyond = values > thr if largest else values < thr
+    selected = beyond & mask  # (B, T)
+    tie = (values == thr) & mask  # (B, T)
+    row_ties = torch.count_nonzero(tie, dim=1)  # (B,) (count_nonzero: no int64 copy)
+    unit_ties = torch.zeros(n_units, dtype=torch.int64, device=device)
+    unit_ties.scatter_add_(0, unit_row, row_ties)
+    if group is not None:
+        gathered = dist_utils.all_gather_stack(unit_ties, group)  # (W, U)
+        rank_offset = gathered[: dist_utils.get_rank(group)].sum(0)  # ties on earlier ranks
+    else:
+        rank_offset = torch.zeros_like(unit_ties)
+    # ties before each row inside its unit: rows grouped by unit (stable), exclusive prefix sums
+    order = torch.sort(unit_row, stable=True).indices
+    ties_sorted = row_ties[order]
+    before_sorted = ties_sorted.cumsum(0) - ties_sorted
+    unit_start = unit_ties.cumsum(0) - unit_ties
+    row_before = torch.empty_like(row_ties)
+    row_before[order] = before_sorted - unit_start[unit_row[order]]
+    row_before = row_before + rank_offset[unit_row]  # (B,) ties earlier in the global order
+    take = (k_rem[unit_row] - row_before).clamp(min=0)  # (B,) ties this row may still take
+    take = torch.minimum(take, row_ties)
+    whole = take == row_ties  # rows that take all their ties (incl. rows with none)
+    selected |= tie & whole[:, None]
+    partial = (~whole).nonzero().squeeze(1)  # at most one row per unit (all rows if 'sequence')
+    if partial.numel():
+        sub = tie[partial]  # (P, T)
+        rank_in_row = sub.cumsum(1)  # 1-based rank of each tie in its row
+        selected[partial] |= sub & (rank_in_row <= take[partial][:, None])
+    return selected
+
+
+def _batch_threshold(
+    values: torch.Tensor, mask: torch.Tensor, k: int, largest: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Single process, one unit: the k-th best valid value, in linear time.
+
+    Returns the threshold ``(1,)`` and how many tokens equal to it are still to take ``(1,)``.
+    """
+    if k == 0:  # no valid token: any threshold, nothing to take
+        return values.new_zeros(1), torch.zeros(1, dtype=torch.int64, device=values.device)
+    # Bottom selection is top selection of the negated scores. Masked positions become -inf:
+    # they rank below every valid score, so the k-th largest of the padded tensor is the k-th
+    # best valid score (k <= N), with no copy by mask.
+    signed = values if largest else -values
+    padded = torch.where(mask, signed, float("-inf")).reshape(-1)  # (B*T,)
+    kth = _kth_largest(padded, k)
+    beyond = int(torch.count_nonzero(padded > kth))
+    threshold = (kth if largest else -kth).reshape(1) + 0.0  # + 0.0: never -0.0
+    return threshold, torch.tensor([k - beyond], dtype=torch.int64, device=values.device)
+
+
+_BRACKET_MIN_N = 1 << 20  # below this one torch.kthvalue is already cheap
+_BRACKET_SAMPLE = 1 << 16
+
+
+def _kth_largest(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k-th largest element of the 1-D tensor ``x`` (a 0-d tensor); exact.
+
+    For large ``x`` a fixed-seed sample brackets the answer between two sample values; one pass
+    counts the elements above the bracket and gathers the few inside it, and the k-th largest
+    is read off that small band (Floyd-Rivest style). If the bracket misses (unlikely, and
+    detected exactly by the counts) it falls back to ``torch.kthvalue`` over all of ``x``.
+    Either way the result is the exact order statistic; only the time depends on the sample.
+    """
+    n = x.numel()
+    if n >= _BRACKET_MIN_N:
+        gen = torch.Generator(device=x.device).manual_seed(0)
+        idx = torch.randint(n, (_BRACKET_SAMPLE,), generator=gen, device=x.device)
+        sample = x[idx].sort(descending=True).values  # (m,)
+        m = _BRACKET_SAMPLE
+        centre = k * m / n  # expected position of the answer in the sample
+        margin = 4.0 * math.sqrt(max(centre * (1.0 - k / n), 1.0)) + 16.0
+        upper = sample[max(int(centre - margin), 0)]  # likely >= the answer
+        lower = sample[min(int(centre + margin), m - 1)]  # likely <= the answer
+        above = x > upper
+        n_above = int(torch.count_nonzero(above))
+        band = (x >= lower) & ~above
+        n_band = int(torch.count_nonzero(band))
+        if n_above < k <= n_above + n_band and n_band < n // 4:
+            band_values = x[band]  # (n_band,)
+            return torch.kthvalue(band_values, n_band - (k - n_above) + 1).values
+    return torch.kthvalue(x, n - k + 1).values
+
+
+def _radix_threshold(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    k: torch.Tensor,
+    largest: bool,
+    unit_row: torch.Tensor,
+    n_units: int,
+    batch_scope: bool,
+    group: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-unit k-th best value by radix select over order-preserving integer keys.
+
+    Histograms are all-reduced over ``group``, so every rank finds the same global thresholds.
+    Returns the thresholds ``(U,)`` and how many tokens equal to each are still to take ``(U,)``.
+    """
+    cols = values.shape[1]
     keys = _order_keys(values, largest)  # (B, T)
     nbits = _KEY_TYPES[values.dtype][1]
     shifts = list(range(nbits - _DIGIT_BITS, -1, -_DIGIT_BITS))
@@ -291,39 +405,7 @@ def _select(
         cand_keys = cand_keys[keep]
         if cand_units is not None:
             cand_units = cand_units[keep]
-    # k_rem[u]: how many tokens equal to the threshold unit u still takes (row-major order).
-
-    threshold = _keys_to_values(tau, values.dtype, largest)  # (U,) float
-    thr = threshold.reshape(1, 1) if batch_scope else threshold[unit_row][:, None]  # (B, 1)
-    beyond = values > thr if largest else values < thr
-    selected = beyond & mask  # (B, T)
-    tie = (values == thr) & mask  # (B, T)
-    row_ties = tie.sum(1)  # (B,)
-    unit_ties = torch.zeros(n_units, dtype=torch.int64, device=device)
-    unit_ties.scatter_add_(0, unit_row, row_ties)
-    if group is not None:
-        gathered = dist_utils.all_gather_stack(unit_ties, group)  # (W, U)
-        rank_offset = gathered[: dist_utils.get_rank(group)].sum(0)  # ties on earlier ranks
-    else:
-        rank_offset = torch.zeros_like(unit_ties)
-    # ties before each row inside its unit: rows grouped by unit (stable), exclusive prefix sums
-    order = torch.sort(unit_row, stable=True).indices
-    ties_sorted = row_ties[order]
-    before_sorted = ties_sorted.cumsum(0) - ties_sorted
-    unit_start = unit_ties.cumsum(0) - unit_ties
-    row_before = torch.empty_like(row_ties)
-    row_before[order] = before_sorted - unit_start[unit_row[order]]
-    row_before = row_before + rank_offset[unit_row]  # (B,) ties earlier in the global order
-    take = (k_rem[unit_row] - row_before).clamp(min=0)  # (B,) ties this row may still take
-    take = torch.minimum(take, row_ties)
-    whole = take == row_ties  # rows that take all their ties (incl. rows with none)
-    selected |= tie & whole[:, None]
-    partial = (~whole).nonzero().squeeze(1)  # at most one row per unit (all rows if 'sequence')
-    if partial.numel():
-        sub = tie[partial]  # (P, T)
-        rank_in_row = sub.cumsum(1)  # 1-based rank of each tie in its row
-        selected[partial] |= sub & (rank_in_row <= take[partial][:, None])
-    return selected
+    return _keys_to_values(tau, values.dtype, largest), k_rem  # (U,), (U,)
 
 
 def _pick_digit(hist: torch.Tensor, k_rem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
