@@ -127,8 +127,8 @@ def test_vllm_missing_is_clear(tiny_chat_model_dir, capsys, monkeypatch, tmp_pat
 
     monkeypatch.setattr(backends, "vllm_available", lambda: False)
     rc, _, err = _run(
-        ["--model", str(tiny_chat_model_dir), "--benchmarks", "math500", "--backend", "vllm",
-         "--out", str(tmp_path / "r.json")],
+        ["--model", str(tiny_chat_model_dir), "--benchmarks", "builtin:addition",
+         "--backend", "vllm", "--out", str(tmp_path / "r.json")],
         capsys,
     )  # fmt: skip
     assert rc == 2 and "needs the vllm package" in err

@@ -208,7 +208,7 @@ def test_tiny_model_trains_with_gmts_and_logs_selection_metrics(model_dir):
 
 
 @pytest.mark.slow
-def test_trl_two_processes_select_globally(model_dir, tmp_path):
+def test_trl_two_processes_select_globally(model_dir, tmp_path, free_port):
     """torchrun, 2 CPU processes, 2 accumulated micro-batches: k = ceil(ratio * N), N summed
     over both processes and both micro-batches of each optimizer step."""
     import json
@@ -226,7 +226,7 @@ def test_trl_two_processes_select_globally(model_dir, tmp_path):
         "--nproc_per_node",
         "2",
         "--master_port",
-        "29517",
+        str(free_port),
         str(worker),
         model_dir,
         str(tmp_path),

@@ -408,7 +408,7 @@ def test_when_imported_handles_submodules_of_packages(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_verl_selection_is_global_over_data_parallel_ranks(tmp_path):
+def test_verl_selection_is_global_over_data_parallel_ranks(tmp_path, free_port):
     """2 gloo ranks with half a mini-batch each == one process with all of it (masks, S and
     gradients after verl's data-parallel gradient averaging)."""
     from pathlib import Path
@@ -417,7 +417,7 @@ def test_verl_selection_is_global_over_data_parallel_ranks(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", "29533", str(worker), str(tmp_path),
+        "--master_port", str(free_port), str(worker), str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
