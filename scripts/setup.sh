@@ -19,8 +19,7 @@ pip install "torch==2.13.0"
 case "$profile" in
   demo) pip install -e ".[train,rewards]" ;;
   test)
-    # transformers < 5.11: the newest release verl 0.9 supports (same pin as verl's own).
-    pip install -e ".[all]" "transformers>=5.5.3,!=5.6.0,<5.11"
+    pip install -e ".[all]"
     # verl 0.9's own requirements pull GPU-only packages; install what its CPU import needs,
     # then verl itself without dependencies (recipe: shared/notes/reference-semantics.md).
     pip install omegaconf codetiming orjson ray "tensordict>=0.8,!=0.9.0,<=0.10.0" \
