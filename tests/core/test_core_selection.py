@@ -178,6 +178,20 @@ def test_extreme_and_negative_scores():
             assert torch.equal(sel, reference_select(scores, mask, ratio, largest))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scores_at_the_dtype_limits_with_padding(dtype):
+    """Valid scores equal to the dtype's lowest/highest finite value (the value the batch path
+    pads masked positions with) still never select a masked position."""
+    info = torch.finfo(dtype)
+    rows = [[info.min, info.max, info.min, 0.0], [info.max, info.min, 1.0, 2.0]]
+    scores = torch.tensor(rows, dtype=dtype)
+    mask = torch.tensor([[True, True, False, True], [False, True, True, True]])
+    for ratio in (0.2, 0.5, 0.8, 1.0):
+        for largest in (True, False):
+            sel = gmts.select_tokens(scores, mask, ratio, largest=largest)
+            assert torch.equal(sel, reference_select(scores, mask, ratio, largest))
+
+
 def test_selection_threshold():
     scores = torch.tensor([[3.0, 1.0, 2.0], [0.5, 5.0, 4.0]])
     mask = torch.ones(2, 3, dtype=torch.bool)

@@ -10,16 +10,18 @@ import pytest
 import torch
 
 import gmts
-from gmts.core.selection import _kth_largest
+from gmts.core.selection import _kth_best
 
 
 @pytest.mark.parametrize("largest", [True, False])
-@pytest.mark.parametrize("kind", ["continuous", "coarse-ties", "mostly-zero"])
+@pytest.mark.parametrize("kind", ["continuous", "fine-ties", "coarse-ties", "mostly-zero"])
 def test_batch_fast_path_equals_radix_path_above_bracket_size(kind: str, largest: bool) -> None:
     g = torch.Generator().manual_seed(7)
     rows, cols = 640, 2048  # 1.3M positions: above the 2^20 bracket threshold
     scores = torch.rand(rows, cols, generator=g)
-    if kind == "coarse-ties":
+    if kind == "fine-ties":
+        scores = (scores * 4096).floor()  # ~250 equal scores per value: ties inside the bracket
+    elif kind == "coarse-ties":
         scores = (scores * 50).floor()  # 50 distinct values: big tie blocks at the threshold
     elif kind == "mostly-zero":
         scores = torch.where(torch.rand(rows, cols, generator=g) < 0.9, 0.0, scores)
@@ -36,10 +38,17 @@ def test_batch_fast_path_equals_radix_path_above_bracket_size(kind: str, largest
         assert not bool((fast & ~mask).any())
 
 
-def test_kth_largest_is_the_order_statistic() -> None:
+@pytest.mark.parametrize("largest", [True, False])
+def test_kth_best_is_the_order_statistic(largest: bool) -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1 << 21, generator=g)
-    x[:1000] = float("-inf")  # padding as the selection pads masked positions
-    ordered = x.sort(descending=True).values
-    for k in (1, 17, 1 << 18, (1 << 21) - 1000):
-        assert float(_kth_largest(x, k)) == float(ordered[k - 1])
+    x[:1000] = float("-inf") if largest else float("inf")  # padding-like worst values
+    x[1000:3000] = 0.25  # a block of ties
+    ordered = x.sort(descending=largest).values
+    for k in (1, 17, 1 << 18, 1 << 20, (1 << 21) - 1000):
+        kth, n_better, n_equal = _kth_best(x, k, largest)
+        assert float(kth) == float(ordered[k - 1])
+        if n_better is not None:  # the bracket was used: its counts are exact
+            better = x > kth if largest else x < kth
+            assert n_better == int(better.sum())
+            assert n_equal == int((x == kth).sum())

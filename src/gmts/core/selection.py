@@ -13,10 +13,12 @@ Algorithm (linear in N, exact, no sorting of tokens, no torch.quantile):
    the first ones in row-major order of the global batch (the ranks' batches concatenated in
    rank order), until the unit holds exactly k = ceil(ratio * N_unit) tokens.
 
-In a single process with scope "batch" (one unit, no communication), step 2 is instead an
-exact order statistic: a fixed-seed sample brackets the k-th best score, one pass counts the
-scores above the bracket and gathers the few inside it, and ``torch.kthvalue`` finishes on that
-band (see ``_kth_largest``). Steps 1 and 3 are shared, so both paths give the same mask.
+In a single process with scope "batch" (one unit, no communication), the k-th best score is
+instead an exact order statistic: a fixed-seed sample brackets it, one pass counts the scores
+beyond the bracket and gathers the few inside it, and ``torch.kthvalue`` finishes on that band
+(see ``_kth_best``). The mask is then one comparison with it (plus, only when ties straddle
+the cut, the first ties in row-major order): the same mask as the radix path, in a few passes
+over (B, T) (see ``_select_single_batch``).
 
 Tie rule (documented, deterministic): among equal scores, the token that comes first in
 row-major order of the global batch is selected first.
@@ -60,10 +62,12 @@ def selection_count(n: int, ratio: float) -> int:
     Examples: ``selection_count(10, 0.2) == 2``, ``selection_count(10, 0.7) == 7``,
     ``selection_count(10, 0.1) == 1``, ``selection_count(0, 0.5) == 0``.
     """
-    frac = _ratio_fraction(ratio)
-    if n <= 0:
-        return 0
-    return max(1, -(-frac.numerator * n // frac.denominator))
+    return _count_of(n, _ratio_fraction(ratio))
+
+
+def _count_of(n: int, frac: Fraction) -> int:
+    """ceil(frac * n), at least 1 if n > 0, 0 if n <= 0."""
+    return max(1, -(-frac.numerator * n // frac.denominator)) if n > 0 else 0
 
 
 def _counts_to_k(counts: torch.Tensor, frac: Fraction) -> torch.Tensor:
@@ -107,9 +111,17 @@ def _keys_to_values(keys: torch.Tensor, dtype: torch.dtype, largest: bool) -> to
     return (keys ^ ((keys >> (nbits - 1)) & low)).view(dtype)
 
 
+_NOT_FINITE = "scores must be finite at every valid (mask=True) position; found nan or inf"
+
+
 @torch.no_grad()
-def _local_error(scores: Any, mask: Any, scope: str, group_ids: Any) -> str | None:
-    """Validate the per-rank inputs; return an error message instead of raising (see caller)."""
+def _local_error(
+    scores: Any, mask: Any, scope: str, group_ids: Any, check_finite: bool = True
+) -> str | None:
+    """Validate the per-rank inputs; return an error message instead of raising (see caller).
+
+    ``check_finite=False`` leaves the finiteness of the valid scores to the caller (the
+    single-process batch path checks it in a pass it makes anyway)."""
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
         return "scores must be a torch.Tensor of shape (B, T)"
     if not scores.dtype.is_floating_point:
@@ -133,10 +145,12 @@ def _local_error(scores: Any, mask: Any, scope: str, group_ids: Any) -> str | No
             return f"group_ids must be an integer tensor, got dtype {group_ids.dtype}"
         if group_ids.numel() and int(group_ids.min()) < 0:
             return "group_ids must be >= 0"
-    if scores.numel() and not bool(
-        torch.isfinite(torch.stack(torch.aminmax(torch.where(mask, scores, 0)))).all()
+    if (
+        check_finite
+        and scores.numel()
+        and not bool(torch.isfinite(torch.stack(torch.aminmax(torch.where(mask, scores, 0)))).all())
     ):  # min/max propagate nan and expose +-inf: two reductions instead of an isfinite pass
-        return "scores must be finite at every valid (mask=True) position; found nan or inf"
+        return _NOT_FINITE
     return None
 
 
@@ -227,7 +241,8 @@ def select_tokens(
     if not isinstance(largest, bool):
         raise ValueError(f"largest must be a bool, got {largest!r}")
     distributed = dist_utils.is_distributed(process_group)
-    error = _local_error(scores, mask, scope, group_ids)
+    single_batch = scope == "batch" and not distributed
+    error = _local_error(scores, mask, scope, group_ids, check_finite=not single_batch)
     device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
     rows = scores.shape[0] if error is None else 0
     wide = error is None and scores.dtype == torch.float64
@@ -242,6 +257,10 @@ def select_tokens(
     group = process_group if distributed else None
 
     with torch.no_grad():
+        if single_batch:
+            selected = _select_single_batch(scores.detach(), mask, frac, largest)
+            if selected is not None:
+                return selected
         values = _working_scores(scores.detach(), wide)
         return _select(values, mask, frac, largest, scope, group_ids, max_rows, group)
 
@@ -269,12 +288,9 @@ def _select(
     counts = dist_utils.all_reduce_sum(counts, group)  # (U,) global valid tokens per unit
     k = _counts_to_k(counts, frac)  # (U,)
 
-    if group is None and batch_scope:
-        threshold, k_rem = _batch_threshold(values, mask, int(k[0]), largest)
-    else:
-        threshold, k_rem = _radix_threshold(
-            values, mask, k, largest, unit_row, n_units, batch_scope, group
-        )
+    threshold, k_rem = _radix_threshold(
+        values, mask, k, largest, unit_row, n_units, batch_scope, group
+    )
     # k_rem[u]: how many tokens equal to the threshold unit u still takes (row-major order).
 
     thr = threshold.reshape(1, 1) if batch_scope else threshold[unit_row][:, None]  # (B, 1)
@@ -309,57 +325,84 @@ def _select(
     return selected
 
 
-def _batch_threshold(
-    values: torch.Tensor, mask: torch.Tensor, k: int, largest: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Single process, one unit: the k-th best valid value, in linear time.
+def _select_single_batch(
+    scores: torch.Tensor, mask: torch.Tensor, frac: Fraction, largest: bool
+) -> torch.Tensor | None:
+    """Single process, scope 'batch': the selection mask from one exact order statistic.
 
-    Returns the threshold ``(1,)`` and how many tokens equal to it are still to take ``(1,)``.
+    Masked positions are filled with the worst finite value of the dtype (the lowest for top
+    selection, the highest for bottom), so the k-th best of the padded tensor is the k-th best
+    valid score and no copy by mask is made. The same pass validates the scores: with a finite
+    fill, a nan or infinite valid score shows in the padded tensor's min/max. Returns None when
+    the k-th best valid score equals the fill value itself (then padding would tie with it); the
+    caller then takes the radix path. Same mask as the radix path, tie rule included.
     """
-    if k == 0:  # no valid token: any threshold, nothing to take
-        return values.new_zeros(1), torch.zeros(1, dtype=torch.int64, device=values.device)
-    # Bottom selection is top selection of the negated scores. Masked positions become -inf:
-    # they rank below every valid score, so the k-th largest of the padded tensor is the k-th
-    # best valid score (k <= N), with no copy by mask.
-    signed = values if largest else -values
-    padded = torch.where(mask, signed, float("-inf")).reshape(-1)  # (B*T,)
-    kth = _kth_largest(padded, k)
-    beyond = int(torch.count_nonzero(padded > kth))
-    threshold = (kth if largest else -kth).reshape(1) + 0.0  # + 0.0: never -0.0
-    return threshold, torch.tensor([k - beyond], dtype=torch.int64, device=values.device)
+    values = scores if scores.dtype in _KEY_TYPES else scores.float()
+    n_valid = int(torch.count_nonzero(mask))
+    k = _count_of(n_valid, frac)
+    if k == 0:
+        return torch.zeros_like(mask)
+    info = torch.finfo(values.dtype)
+    fill = info.min if largest else info.max
+    padded = torch.where(mask, values, fill)  # (B, T), contiguous
+    if not bool(torch.isfinite(torch.stack(torch.aminmax(padded))).all()):
+        raise ValueError(_NOT_FINITE)
+    flat = padded.view(-1)  # (B*T,)
+    kth, n_beyond, n_ties = _kth_best(flat, k, largest)
+    if float(kth) == fill:
+        return None
+    if n_ties is not None and n_ties == k - n_beyond:  # every tie is taken: one pass
+        return padded >= kth if largest else padded <= kth
+    selected = padded > kth if largest else padded < kth  # (B, T)
+    if n_beyond is None:
+        n_beyond = int(torch.count_nonzero(selected))
+    ties = (flat == kth).nonzero().squeeze(1)  # (n_ties,) flat indices in row-major order
+    selected.view(-1)[ties[: k - n_beyond]] = True
+    return selected
 
 
 _BRACKET_MIN_N = 1 << 20  # below this one torch.kthvalue is already cheap
 _BRACKET_SAMPLE = 1 << 16
 
 
-def _kth_largest(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The k-th largest element of the 1-D tensor ``x`` (a 0-d tensor); exact.
+def _kth_best(
+    x: torch.Tensor, k: int, largest: bool
+) -> tuple[torch.Tensor, int | None, int | None]:
+    """The k-th largest (``largest``) or k-th smallest element of the 1-D tensor ``x``; exact.
+
+    Returns the value (0-d tensor) and, when the bracket below was used, how many elements are
+    strictly better than it and how many equal it (else None, None).
 
     For large ``x`` a fixed-seed sample brackets the answer between two sample values; one pass
-    counts the elements above the bracket and gathers the few inside it, and the k-th largest
-    is read off that small band (Floyd-Rivest style). If the bracket misses (unlikely, and
-    detected exactly by the counts) it falls back to ``torch.kthvalue`` over all of ``x``.
-    Either way the result is the exact order statistic; only the time depends on the sample.
+    counts the elements beyond the bracket and gathers the few inside it, and the k-th best is
+    read off that small band (Floyd-Rivest style). If the bracket misses (unlikely, and detected
+    exactly by the counts) it falls back to ``torch.kthvalue`` over all of ``x``. Either way the
+    result is the exact order statistic; only the time depends on the sample.
     """
     n = x.numel()
     if n >= _BRACKET_MIN_N:
         gen = torch.Generator(device=x.device).manual_seed(0)
         idx = torch.randint(n, (_BRACKET_SAMPLE,), generator=gen, device=x.device)
-        sample = x[idx].sort(descending=True).values  # (m,)
+        sample = x[idx].sort(descending=largest).values  # (m,) best first
         m = _BRACKET_SAMPLE
         centre = k * m / n  # expected position of the answer in the sample
         margin = 4.0 * math.sqrt(max(centre * (1.0 - k / n), 1.0)) + 16.0
-        upper = sample[max(int(centre - margin), 0)]  # likely >= the answer
-        lower = sample[min(int(centre + margin), m - 1)]  # likely <= the answer
-        above = x > upper
-        n_above = int(torch.count_nonzero(above))
-        band = (x >= lower) & ~above
+        inner = sample[max(int(centre - margin), 0)]  # likely as good as the answer or better
+        outer = sample[min(int(centre + margin), m - 1)]  # likely as bad as the answer or worse
+        beyond = x > inner if largest else x < inner
+        band = x >= outer if largest else x <= outer  # a superset of beyond
+        band ^= beyond
+        n_beyond = int(torch.count_nonzero(beyond))
         n_band = int(torch.count_nonzero(band))
-        if n_above < k <= n_above + n_band and n_band < n // 4:
+        del beyond
+        if n_beyond < k <= n_beyond + n_band and n_band < n // 4:
             band_values = x[band]  # (n_band,)
-            return torch.kthvalue(band_values, n_band - (k - n_above) + 1).values
-    return torch.kthvalue(x, n - k + 1).values
+            j = k - n_beyond  # the answer is the j-th best of the band
+            kth = torch.kthvalue(band_values, n_band - j + 1 if largest else j).values
+            better = band_values > kth if largest else band_values < kth
+            n_better = n_beyond + int(torch.count_nonzero(better))
+            return kth, n_better, int(torch.count_nonzero(band_values == kth))
+    return torch.kthvalue(x, n - k + 1 if largest else k).values, None, None
 
 
 def _radix_threshold(
