@@ -109,7 +109,7 @@ def test_register_a_custom_score():
     finally:  # keep the registry clean for other tests
         from gmts.core import scores
 
-        scores._REGISTRY.pop(name)
+        scores._SCORES.remove(name)
         scores.SCORE_REQUIREMENTS.pop(name)
 
 

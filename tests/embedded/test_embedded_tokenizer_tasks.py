@@ -128,7 +128,7 @@ def test_demonstration_noise():
 
 
 def test_registry_errors():
-    with pytest.raises(ValueError, match="available tasks"):
+    with pytest.raises(ValueError, match="valid tasks"):
         get_task("subtraction")
     with pytest.raises(ValueError, match="already registered"):
         register_task(get_task("addition"))

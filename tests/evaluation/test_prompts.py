@@ -24,7 +24,7 @@ def test_registry_names_and_errors():
         "code",
         "plain",
     }
-    with pytest.raises(ValueError, match="valid templates: .*math"):
+    with pytest.raises(ValueError, match="valid prompt templates: .*math"):
         get_template("nope")
     with pytest.raises(ValueError, match="already registered"):
         register_template(PromptTemplate("math", None))

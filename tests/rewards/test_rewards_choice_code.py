@@ -132,7 +132,7 @@ def test_registry_lists_and_dispatches() -> None:
     code = get_reward("code")
     assert code("```python\ndef f():\n    return 3\n```", "assert f() == 3") == 1.0
     assert code("```python\ndef f():\n    return 4\n```", "assert f() == 3") == 0.0
-    with pytest.raises(ValueError, match="available"):
+    with pytest.raises(ValueError, match="valid rewards"):
         get_reward("nope")
     with pytest.raises(ValueError, match="already registered"):
         register_reward("math")(lambda completion, answer: 0.0)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from gmts._registry import Registry
+
 __all__ = [
     "ScoreInputs",
     "ScoreFn",
@@ -44,7 +46,7 @@ class ScoreInputs:
 
 ScoreFn = Callable[[ScoreInputs], torch.Tensor]
 
-_REGISTRY: dict[str, ScoreFn] = {}
+_SCORES: Registry[ScoreFn] = Registry("score", reserved=("none",))
 SCORE_REQUIREMENTS: dict[str, frozenset[str]] = {}
 _INPUT_FIELDS = frozenset(f.name for f in fields(ScoreInputs)) - {"seed"}
 
@@ -57,8 +59,6 @@ def register_score(
     ``requires`` names the ScoreInputs fields the score reads (so callers compute only those).
     A duplicate name raises ValueError.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"score name must be a non-empty string, got {name!r}")
     unknown = set(requires) - _INPUT_FIELDS
     if unknown:
         raise ValueError(
@@ -66,9 +66,7 @@ def register_score(
         )
 
     def decorator(fn: ScoreFn) -> ScoreFn:
-        if name in _REGISTRY or name == "none":
-            raise ValueError(f"score {name!r} is already registered (or reserved)")
-        _REGISTRY[name] = fn
+        _SCORES.add(name, fn)
         SCORE_REQUIREMENTS[name] = frozenset(requires)
         return fn
 
@@ -77,14 +75,12 @@ def register_score(
 
 def available_scores() -> list[str]:
     """Registered score names, sorted."""
-    return sorted(_REGISTRY)
+    return _SCORES.names()
 
 
 def get_score(name: str) -> ScoreFn:
     """The score function called ``name``; unknown names raise ValueError listing valid ones."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown score {name!r}; valid scores: {available_scores()}")
-    return _REGISTRY[name]
+    return _SCORES.get(name)
 
 
 def compute_scores(name: str, inputs: ScoreInputs) -> torch.Tensor:

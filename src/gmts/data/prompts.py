@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gmts._registry import Registry
+
 MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
@@ -129,30 +131,22 @@ class PromptTemplate:
         return "\n\n".join(m["content"] for m in self.messages(question, choices)) + "\n\n"
 
 
-_TEMPLATES: dict[str, PromptTemplate] = {}
+_TEMPLATES: Registry[PromptTemplate] = Registry("prompt template")
 
 
 def register_template(template: PromptTemplate) -> PromptTemplate:
     """Add a template to the registry; a duplicate name raises ValueError."""
-    if template.name in _TEMPLATES:
-        raise ValueError(f"prompt template {template.name!r} is already registered")
-    _TEMPLATES[template.name] = template
-    return template
+    return _TEMPLATES.add(template.name, template)
 
 
 def get_template(name: str) -> PromptTemplate:
     """The template registered as ``name``; unknown names raise ValueError listing valid ones."""
-    try:
-        return _TEMPLATES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown prompt template {name!r}; valid templates: {', '.join(available_templates())}"
-        ) from None
+    return _TEMPLATES.get(name)
 
 
 def available_templates() -> list[str]:
     """Names of the registered templates, sorted."""
-    return sorted(_TEMPLATES)
+    return _TEMPLATES.names()
 
 
 register_template(PromptTemplate("math", MATH_SYSTEM_PROMPT))

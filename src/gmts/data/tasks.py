@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gmts._registry import Registry
 from gmts.data.tokenizer import END_TOKEN
 
 HELD_OUT_SEED = 1234
@@ -174,28 +175,22 @@ _OPERATIONS: dict[str, Callable[[int, int], int]] = {
     "*": lambda a, b: a * b,
 }
 
-_TASKS: dict[str, Task] = {}
+_TASKS: Registry[Task] = Registry("task")
 
 
 def register_task(task: Task) -> Task:
     """Add ``task`` to the registry; a duplicate name raises ValueError."""
-    if task.name in _TASKS:
-        raise ValueError(f"task {task.name!r} is already registered")
-    _TASKS[task.name] = task
-    return task
+    return _TASKS.add(task.name, task)
 
 
 def get_task(name: str) -> Task:
     """The registered task called ``name``; an unknown name raises ValueError listing the valid ones."""
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; available tasks: {available_tasks()}") from None
+    return _TASKS.get(name)
 
 
 def available_tasks() -> list[str]:
     """Names of the registered tasks, sorted."""
-    return sorted(_TASKS)
+    return _TASKS.names()
 
 
 register_task(

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from gmts._registry import Registry
+
 
 @runtime_checkable
 class GenerationBackend(Protocol):
@@ -304,12 +306,14 @@ class VLLMBackend:
 # registry
 
 BackendFactory = Callable[..., GenerationBackend]
-_BACKENDS: dict[str, BackendFactory] = {"hf": HFBackend, "vllm": VLLMBackend}
+_BACKENDS: Registry[BackendFactory] = Registry("backend")
+_BACKENDS.add("hf", HFBackend)
+_BACKENDS.add("vllm", VLLMBackend)
 
 
 def available_backends() -> list[str]:
     """Names of the backends (whether or not their package is installed)."""
-    return sorted(_BACKENDS)
+    return _BACKENDS.names()
 
 
 def vllm_available() -> bool:
@@ -321,6 +325,4 @@ def vllm_available() -> bool:
 
 def make_backend(name: str, model_path: str | os.PathLike[str], **kwargs: Any) -> GenerationBackend:
     """Build the backend ``name`` for ``model_path``; unknown names list the valid ones."""
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(_BACKENDS)}")
-    return _BACKENDS[name](model_path, **kwargs)
+    return _BACKENDS.get(name)(model_path, **kwargs)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gmts._registry import Registry
+
 Decoding = Literal["sample", "greedy"]
 BUILTIN_PREFIX = "builtin:"
 
@@ -49,15 +51,12 @@ class BenchmarkSpec:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
-_SPECS: dict[str, BenchmarkSpec] = {}
+_SPECS: Registry[BenchmarkSpec] = Registry("benchmark")
 
 
 def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
     """Add a spec; a duplicate name raises ValueError."""
-    if spec.name in _SPECS:
-        raise ValueError(f"benchmark {spec.name!r} is already registered")
-    _SPECS[spec.name] = spec
-    return spec
+    return _SPECS.add(spec.name, spec)
 
 
 for _spec in (
@@ -111,7 +110,7 @@ def get_spec(name: str) -> BenchmarkSpec:
             task = get_task(task_name)
             return BenchmarkSpec(name, name, "plain", "task", "sample", task.max_new_tokens)
     elif name in _SPECS and name in _loader_names():
-        return _SPECS[name]
+        return _SPECS.get(name)
     raise ValueError(
         f"unknown benchmark {name!r}; valid benchmarks: {', '.join(available_eval_benchmarks())}"
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gmts._registry import Registry
 from gmts.rewards.boxed import format_reward
 from gmts.rewards.choice import choice_reward, yes_no_reward
 from gmts.rewards.math_verifier import math_reward
@@ -21,30 +22,21 @@ from gmts.rewards.program import extract_code_block
 from gmts.rewards.sandbox import code_reward
 
 RewardFn = Callable[[str, str], float]
-_REWARDS: dict[str, RewardFn] = {}
+_REWARDS: Registry[RewardFn] = Registry("reward")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator adding ``fn(completion, answer) -> float`` under ``name``; duplicates raise."""
-
-    def decorator(fn: RewardFn) -> RewardFn:
-        if name in _REWARDS:
-            raise ValueError(f"reward {name!r} is already registered")
-        _REWARDS[name] = fn
-        return fn
-
-    return decorator
+    return _REWARDS.decorator(name)
 
 
 def get_reward(name: str) -> RewardFn:
     """The reward registered under ``name``; an unknown name raises listing the valid ones."""
-    if name not in _REWARDS:
-        raise ValueError(f"unknown reward {name!r}; available: {available_rewards()}")
-    return _REWARDS[name]
+    return _REWARDS.get(name)
 
 
 def available_rewards() -> list[str]:
-    return sorted(_REWARDS)
+    return _REWARDS.names()
 
 
 # these already take (completion, answer); their other arguments are keyword-only defaults
