@@ -36,6 +36,9 @@ class BenchOptions:
 
     quick: tiny shapes and few repeats (smoke test / CI); the figures are not meaningful.
     threads: torch intra-op threads in every benchmark process (1 keeps a shared box fair).
+    device: "cpu" or "cuda[:N]" for the selection, log-prob and overhead benchmarks (item 6);
+        on CUDA every timing ends with a device synchronisation and peak memory is the CUDA
+        allocator's high-water mark.
     out_dir: where result JSON (and any figure) is written.
     extra: benchmark-specific options parsed by run.py (e.g. the learning-sweep subset).
     """
@@ -44,10 +47,33 @@ class BenchOptions:
     threads: int = 1
     out_dir: Path = DEFAULT_RESULTS_DIR
     extra: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        check_device(self.device)
+
+
+def check_device(device: str) -> str:
+    """``device`` if it is "cpu", "cuda" or "cuda:N" and usable here; else ValueError."""
+    if device != "cpu" and not (device == "cuda" or device.startswith("cuda:")):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return device
+
+
+def synchronizer(device: str) -> Callable[[], None]:
+    """A function that waits for queued work on ``device`` (a no-op on the CPU)."""
+    if device == "cpu":
+        return lambda: None
+    import torch
+
+    return lambda: torch.cuda.synchronize(device)
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> dict[str, Any]:
@@ -69,24 +95,31 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> dict
 
 
 def interleaved_times(
-    fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Time several functions round-robin (A B C A B C ...) so that load changes on a shared
-    machine hit every variant alike; a variant that raises is recorded as failed.
+    machine hit every variant alike; a variant that raises is recorded as failed. ``sync``
+    (e.g. ``torch.cuda.synchronize``) runs before the clock starts and before it stops.
 
     Returns ``{name: {"ok": True, "median_s", ...}}`` or ``{name: {"ok": False, "error"}}``.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    sync = sync or (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in fns}
     failed: dict[str, str] = {}
     for round_index in range(warmup + repeats):
         for name, fn in fns.items():
             if name in failed:
                 continue
+            sync()
             start = time.perf_counter()
             try:
                 fn()
+                sync()
             except (RuntimeError, ValueError, MemoryError) as error:
                 failed[name] = f"{type(error).__name__}: {error}"
                 continue
@@ -194,6 +227,7 @@ def machine_description() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "gpu": bool(torch.cuda.is_available()),
+        "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
 
 

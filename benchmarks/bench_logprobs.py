@@ -15,6 +15,9 @@ the baseline, runs one forward + backward and reads VmHWM. "Peak beyond paramete
 gradients" = VmHWM - baseline - bytes(W.grad) - bytes(hidden.grad): the baseline already holds
 W and hidden, and the two gradients are what any variant must produce. Large tensors are
 mmap-backed by glibc, so RSS falls when they are freed and the HWM is a true peak.
+On CUDA (``--device cuda``) the same quantity is read from the caching allocator instead:
+``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, minus the memory
+allocated before the step and the two gradients.
 """
 
 from __future__ import annotations
@@ -71,18 +74,21 @@ FUNCTIONS = {
 }
 
 
-def worker(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> dict[str, Any]:
+def worker(
+    variant: str, n: int, v: int, h: int, repeats: int, threads: int, device: str = "cpu"
+) -> dict[str, Any]:
     """Measure one variant in this process: peak memory of the first call, median time."""
     import torch
-    from bench_common import proc_status_kib, reset_peak_rss
+    from bench_common import proc_status_kib, reset_peak_rss, synchronizer
 
     torch.set_num_threads(threads)
     fn = FUNCTIONS[variant]
+    sync = synchronizer(device)
     gen = torch.Generator().manual_seed(0)
-    hidden = (torch.randn(n, h, generator=gen) * 0.5).requires_grad_(True)  # (N, H)
-    weight = (torch.randn(v, h, generator=gen) * 0.02).requires_grad_(True)  # (V, H)
-    labels = torch.randint(0, v, (n,), generator=gen)  # (N,)
-    weights = torch.randn(n, generator=gen)  # (N,) stands in for -omega / count
+    hidden = (torch.randn(n, h, generator=gen) * 0.5).to(device).requires_grad_(True)  # (N, H)
+    weight = (torch.randn(v, h, generator=gen) * 0.02).to(device).requires_grad_(True)  # (V, H)
+    labels = torch.randint(0, v, (n,), generator=gen).to(device)  # (N,)
+    weights = torch.randn(n, generator=gen).to(device)  # (N,) stands in for -omega / count
 
     # Warm-up on a small slice: loads kernels and allocator arenas outside the measurement.
     small_w = weight[: min(v, 1024)].detach().clone().requires_grad_(True)
@@ -101,27 +107,42 @@ def worker(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> 
             float(weight.grad.norm()),
         )
 
-    clear_ok = reset_peak_rss()
-    baseline_kib = proc_status_kib("VmRSS") if clear_ok else proc_status_kib("VmHWM")
+    on_cuda = device != "cpu"
+    sync()
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
+        method = "torch.cuda.max_memory_allocated"
+    else:
+        clear_ok = reset_peak_rss()
+        baseline_kib = proc_status_kib("VmRSS") if clear_ok else proc_status_kib("VmHWM")
+        baseline = None if baseline_kib is None else baseline_kib * 1024
+        method = "VmHWM reset" if clear_ok else "VmHWM lifetime delta (over-counts)"
     start = time.perf_counter()
-    checks = step()
+    checks = step()  # ends with .item()-like reads: synchronised
     first_s = time.perf_counter() - start
-    peak_kib = proc_status_kib("VmHWM")
+    if on_cuda:
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        peak_kib = proc_status_kib("VmHWM")
+        peak = None if peak_kib is None else peak_kib * 1024
     grad_bytes = weight.numel() * 4 + hidden.numel() * 4
     times = [first_s]
     for _ in range(repeats - 1):
+        sync()
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
     peak_beyond = None
-    if peak_kib is not None and baseline_kib is not None:
-        peak_beyond = peak_kib * 1024 - baseline_kib * 1024 - grad_bytes
+    if peak is not None and baseline is not None:
+        peak_beyond = peak - baseline - grad_bytes
     return {
         "variant": variant,
+        "device": device,
         "times_s": times,
         "peak_beyond_params_grads_bytes": peak_beyond,
-        "peak_method": "VmHWM reset" if clear_ok else "VmHWM lifetime delta (over-counts)",
-        "baseline_rss_bytes": (baseline_kib or 0) * 1024,
+        "peak_method": method,
+        "baseline_rss_bytes": baseline or 0,
         "grad_bytes": grad_bytes,
         "checks": {"logprob_sum": checks[0], "entropy_sum": checks[1], "grad_w_norm": checks[2]},
     }
@@ -131,7 +152,9 @@ def worker(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> 
 # the driver (run.py calls run())
 
 
-def _start(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> subprocess.Popen:
+def _start(
+    variant: str, n: int, v: int, h: int, repeats: int, threads: int, device: str
+) -> subprocess.Popen:
     from bench_common import python_env
 
     cmd = [
@@ -144,6 +167,7 @@ def _start(variant: str, n: int, v: int, h: int, repeats: int, threads: int) -> 
         f"--h={h}",
         f"--repeats={repeats}",
         f"--threads={threads}",
+        f"--device={device}",
     ]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env()
@@ -183,7 +207,7 @@ def run(options) -> dict[str, Any]:
     # Variants run one after another, or with --logprobs-parallel naive and from_hidden
     # together (then chunked) when the machine has the memory for both: on a loaded machine
     # that gets the single-repeat figures in a third less wall time.
-    if options.extra.get("logprobs_parallel"):
+    if options.extra.get("logprobs_parallel") and options.device == "cpu":
         waves = [("naive", "from_hidden"), ("chunked",)]
     else:
         waves = [(name,) for name in VARIANTS]
@@ -200,8 +224,9 @@ def run(options) -> dict[str, Any]:
             for name in group:
                 need_one = memory_need(name, n, v, h)
                 available = mem_available_bytes()
-                if need_one > MEMORY_CAP_BYTES or (
-                    available is not None and available < need_one * 1.3
+                if options.device == "cpu" and (
+                    need_one > MEMORY_CAP_BYTES
+                    or (available is not None and available < need_one * 1.3)
                 ):
                     rows_by_name[name] = {
                         "variant": name,
@@ -210,7 +235,7 @@ def run(options) -> dict[str, Any]:
                         f"{(available or 0) / 2**30:.1f} GiB available",
                     }
                     continue
-                started[name] = _start(name, n, v, h, repeats, options.threads)
+                started[name] = _start(name, n, v, h, repeats, options.threads, options.device)
             for name, proc in started.items():
                 rows_by_name[name] = _finish(name, proc)
                 rows_by_name[name]["concurrent_with"] = [x for x in started if x != name]
@@ -258,6 +283,7 @@ def run(options) -> dict[str, Any]:
             "hidden": h,
             "repeats": repeats,
             "dtype": "float32",
+            "device": options.device,
         },
         "rows": rows,
         "goals": goals,
@@ -272,9 +298,10 @@ def _main() -> int:
     parser.add_argument("--h", type=int, required=True)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    result = worker(args.worker, args.n, args.v, args.h, args.repeats, args.threads)
+    result = worker(args.worker, args.n, args.v, args.h, args.repeats, args.threads, args.device)
     print(json.dumps(result))
     return 0
 

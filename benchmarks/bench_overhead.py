@@ -14,12 +14,17 @@ Each round restores every trainer to the same weights and optimizer state and th
 sampling seed and the same question stream make the rollouts of all variants identical, so the
 difference between variants is the selection alone. "Rollout excluded" is the trainer's own
 ``time/update_s`` (old log-probs pass + scoring + selection + loss + backward + optimizer step);
-"rollout included" is ``time/step_s`` (sampling and rewards too).
+"rollout included" is ``time/step_s`` (sampling and rewards too). Dynamic sampling is off, so
+every step trains on all ``questions x group_size`` answers.
+
+With ``--device cuda`` and ``GMTS_BENCH_MODEL`` set to ``benchmarks/gpu_model.py``'s randomly
+initialised Qwen2.5-1.5B-shaped model, the same comparison runs on a GPU (item 6).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
     torch.set_num_threads(options.threads)
     shape = StepShape(questions=8, group_size=4) if options.quick else StepShape()
     repeats = 2 if options.quick else int(options.extra.get("overhead_repeats", 20))
+    if options.device != "cpu" and not options.quick:
+        repeats = min(repeats, 10)  # a 1.5B model: keeps item 6 inside its 10-minute budget
     model_path = warm_model_path()
     trainers: dict[str, Any] = {}
     initial: dict[str, tuple[dict, dict]] = {}
@@ -54,12 +61,16 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 score=score,
                 shape=shape,
                 overlap_metrics=metrics_on,
+                device=options.device,
+                # every sampled answer is trained on: the same work in every step (and a random
+                # model on the GPU, whose rewards are all 0, would leave DAPO nothing to keep)
+                dynamic_sampling=False,
             )
             trainer = Trainer(cfg)
             trainers[name] = trainer
-            initial[name] = (
-                copy.deepcopy(trainer.model.state_dict()),
-                copy.deepcopy(trainer.optimizer.state_dict()),
+            initial[name] = (  # kept in host memory: four models share one GPU
+                {k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()},
+                copy.deepcopy(trainer.optimizer.state_dict()),  # empty before the first step
             )
         samples: dict[str, dict[str, list[float]]] = {
             name: {"update": [], "step": [], "rollout": [], "tokens": [], "selected": []}
@@ -127,7 +138,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
             )
     return {
         "settings": {
-            "model": "embedded warm start (GPT-2, 2 layers, width 128)",
+            "model": os.environ.get("GMTS_BENCH_MODEL")
+            or "embedded warm start (GPT-2, 2 layers, width 128)",
+            "device": options.device,
             "task": "addition",
             "algorithm": "dapo",
             "questions": shape.questions,

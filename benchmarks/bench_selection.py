@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 import torch
-from bench_common import BenchOptions, core_api, goal, interleaved_times, ratio
+from bench_common import BenchOptions, core_api, goal, interleaved_times, ratio, synchronizer
 
 RATIO = 0.2
 ROW_LENGTH = 4096  # T: response positions per row
@@ -69,7 +69,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         plan = [(2**20, 7), (2**24, 5), (2**26, 3)]
     rows = []
     for n_tokens, repeats in plan:
-        scores, mask = make_inputs(n_tokens)
+        scores, mask = (x.to(options.device) for x in make_inputs(n_tokens))
         selected = select_tokens(scores, mask, RATIO)
         n_valid = int(mask.sum())
         count = int(selected.sum())
@@ -93,6 +93,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 "kthvalue": lambda s=scores, m=mask: kthvalue_threshold(s, m, RATIO),
             },
             repeats=repeats,
+            sync=synchronizer(options.device),
         )
         row.update(timed)
         ours = row["select_tokens"].get("median_s")
@@ -126,7 +127,12 @@ def run(options: BenchOptions) -> dict[str, Any]:
             )
         )
     return {
-        "settings": {"ratio": RATIO, "row_length": ROW_LENGTH, "dtype": "float32"},
+        "settings": {
+            "ratio": RATIO,
+            "row_length": ROW_LENGTH,
+            "dtype": "float32",
+            "device": options.device,
+        },
         "rows": rows,
         "goals": goals,
     }

@@ -312,7 +312,7 @@ def render_machine(records: list[dict[str, Any]]) -> str:
     m = records[0].get("machine", {})
     lines = [
         f"- `nproc`: {m.get('nproc')}; {m.get('platform')}; Python {m.get('python')}, "
-        f"torch {m.get('torch')}; GPU: {'yes' if m.get('gpu') else 'none'}.",
+        f"torch {m.get('torch')}; GPU: {m.get('gpu_name') or ('yes' if m.get('gpu') else 'none')}.",
         "- `lscpu | head`:",
         "",
         "```",
@@ -341,37 +341,48 @@ def render_machine(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def update_results_doc(results_dir: Path, doc: Path = DOC) -> list[str]:
-    """Replace every generated block of ``doc`` whose JSON exists; return the names updated."""
-    if not doc.exists():
-        print(f"[report] {doc} does not exist; nothing to update", file=sys.stderr)
-        return []
-    text = doc.read_text()
+def _replace_block(text: str, name: str, block: str) -> tuple[str, bool]:
+    """Replace the body between ``<!-- results:NAME:begin/end -->``; (text, whether found)."""
+    pattern = re.compile(
+        rf"(<!-- results:{re.escape(name)}:begin -->\n).*?(\n<!-- results:{re.escape(name)}:end -->)",
+        re.S,
+    )
+    if not pattern.search(text):
+        return text, False
+    return pattern.sub(lambda m: m.group(1) + block + m.group(2), text), True
+
+
+def _update_blocks(text: str, results_dir: Path, prefix: str) -> tuple[str, list[str]]:
+    """Render every ``results_dir/*.json`` into its block ``PREFIX<name>`` and the machine
+    description into ``PREFIXmachine``; returns the new text and the blocks replaced."""
     updated = []
     for path in sorted(results_dir.glob("*.json")):
-        name = path.stem
-        pattern = re.compile(
-            rf"(<!-- results:{re.escape(name)}:begin -->\n).*?(\n<!-- results:{re.escape(name)}:end -->)",
-            re.S,
-        )
-        if not pattern.search(text):
-            continue
-        block = render(json.loads(path.read_text()))
-        text = pattern.sub(lambda m, b=block: m.group(1) + b + m.group(2), text)
-        updated.append(name)
+        text, found = _replace_block(text, prefix + path.stem, render(json.loads(path.read_text())))
+        if found:
+            updated.append(prefix + path.stem)
     order = ["selection", "logprobs", "overhead", "throughput", "learning"]
     records = [
         json.loads((results_dir / f"{n}.json").read_text())
         for n in order
         if (results_dir / f"{n}.json").exists()
     ]
-    machine = re.compile(
-        r"(<!-- results:machine:begin -->\n).*?(\n<!-- results:machine:end -->)", re.S
-    )
-    if machine.search(text):
-        block = render_machine(records)
-        text = machine.sub(lambda m: m.group(1) + block + m.group(2), text)
-        updated.append("machine")
+    if records:
+        text, found = _replace_block(text, prefix + "machine", render_machine(records))
+        if found:
+            updated.append(prefix + "machine")
+    return text, updated
+
+
+def update_results_doc(results_dir: Path, doc: Path = DOC) -> list[str]:
+    """Replace every generated block of ``doc`` whose JSON exists; return the names updated."""
+    if not doc.exists():
+        print(f"[report] {doc} does not exist; nothing to update", file=sys.stderr)
+        return []
+    text, updated = _update_blocks(doc.read_text(), results_dir, "")
+    gpu_dir = results_dir / "gpu"  # run.py --device cuda writes there (item 6)
+    if gpu_dir.is_dir():
+        text, gpu_updated = _update_blocks(text, gpu_dir, "gpu-")
+        updated += gpu_updated
     doc.write_text(text)
     print(f"[report] refreshed {doc.name}: {', '.join(updated) or 'nothing'}")
     return updated

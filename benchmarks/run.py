@@ -29,6 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench_common import (  # noqa: E402
     DEFAULT_RESULTS_DIR,
     BenchOptions,
+    check_device,
     git_commit,
     machine_description,
     utc_now,
@@ -61,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", help=f"comma-separated subset of: {','.join(BENCHMARKS)}")
     parser.add_argument("--quick", action="store_true", help="tiny shapes: checks the harness")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="'cpu' (default) or 'cuda[:N]' for selection, logprobs and overhead (item 6)",
+    )
     parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
     parser.add_argument(
         "--no-report", action="store_true", help="do not refresh docs/results.md tables"
@@ -109,10 +115,21 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     quick_dir = Path(tempfile.gettempdir()) / "gmts-bench-quick"
-    out_dir = args.out or (quick_dir if args.quick else DEFAULT_RESULTS_DIR)
+    default_dir = DEFAULT_RESULTS_DIR if args.device == "cpu" else DEFAULT_RESULTS_DIR / "gpu"
+    out_dir = args.out or (quick_dir if args.quick else default_dir)
+    on_cpu_only = {"throughput", "learning"} & set(names)
+    if args.device != "cpu" and on_cpu_only:
+        print(f"--device {args.device}: {sorted(on_cpu_only)} run on the CPU only", file=sys.stderr)
+        return 2
+    try:
+        check_device(args.device)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     options = BenchOptions(
         quick=args.quick,
         threads=args.threads,
+        device=args.device,
         out_dir=out_dir,
         extra={
             "logprobs_repeats": args.logprobs_repeats,

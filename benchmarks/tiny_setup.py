@@ -59,8 +59,10 @@ def train_config(
     overlap_metrics: bool = False,
     eval_questions: int = 0,
     eval_samples: int = 16,
+    device: str = "cpu",
 ) -> Any:
-    """A ``TrainConfig`` for the tiny model on CPU (the demo's recipe unless overridden)."""
+    """A ``TrainConfig`` for the tiny model (the demo's recipe unless overridden), on CPU
+    unless ``device`` says otherwise."""
     from gmts.core.config import SelectionConfig
     from gmts.train.config import (
         CheckpointConfig,
@@ -76,7 +78,12 @@ def train_config(
     return TrainConfig(
         algorithm=algorithm,
         seed=seed,
-        model=ModelConfig(path=str(model_path), device="cpu"),
+        # bf16 parameters on a GPU (the paper's setting); float32 on the CPU
+        model=ModelConfig(
+            path=str(model_path),
+            device=device,
+            dtype="float32" if device == "cpu" else "bfloat16",
+        ),
         data=DataConfig(
             task=TASK,
             eval_questions=eval_questions,

@@ -108,3 +108,32 @@ def test_learning_aggregate_mean_and_spread() -> None:
     assert cell["n"] == 2
     assert cell["mean"] == pytest.approx(0.6)
     assert cell["std"] == pytest.approx(0.1414213, rel=1e-5)
+
+
+def test_device_option_is_checked_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    assert bench_run.main(["--only", "selection", "--quick", "--device", "tpu"]) == 2
+    assert "device must be" in capsys.readouterr().err
+    assert bench_run.main(["--only", "learning", "--quick", "--device", "cuda"]) == 2
+    assert "CPU only" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert bench_run.main(["--only", "selection", "--quick", "--device", "cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_report_renders_gpu_results_into_their_own_blocks(tmp_path: Path) -> None:
+    cpu = {"benchmark": "selection", "status": "error", "error": "cpu-boom", "rows": []}
+    gpu = {"benchmark": "selection", "status": "error", "error": "gpu-boom", "rows": []}
+    (tmp_path / "selection.json").write_text(json.dumps(cpu))
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "selection.json").write_text(json.dumps(gpu))
+    doc = tmp_path / "results.md"
+    doc.write_text(
+        "<!-- results:selection:begin -->\nold\n<!-- results:selection:end -->\n"
+        "<!-- results:gpu-selection:begin -->\nnot run\n<!-- results:gpu-selection:end -->\n"
+    )
+    assert report.update_results_doc(tmp_path, doc) == ["selection", "gpu-selection"]
+    cpu_part, gpu_part = doc.read_text().split("results:gpu-selection:begin")
+    assert "cpu-boom" in cpu_part and "gpu-boom" not in cpu_part
+    assert "gpu-boom" in gpu_part and "not run" not in gpu_part
