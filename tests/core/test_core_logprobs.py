@@ -85,6 +85,30 @@ def test_from_hidden_matches_naive(dtype, temperature, chunk_size):
     torch.testing.assert_close(gw.float(), rw.float(), **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [1, 2, 7, None])
+def test_from_hidden_backward_tiles_over_tokens_and_vocabulary(dtype, chunk_size):
+    """V above the backward's narrowest vocabulary tile: the gradient is assembled from several
+    (tokens x columns) tiles, labels fall in every tile, and the hidden states are a slice."""
+    hidden, weight, labels, upstream = _data(dtype, b=3, t=6, v=3000, h=8, seed=4)
+    labels[0, :3] = torch.tensor([0, 1023, 2999])  # tile edges
+    h1 = hidden.clone().requires_grad_(True)
+    w1 = weight.clone().requires_grad_(True)
+    stats = gmts.token_statistics_from_hidden(
+        h1[:, :-1], w1, labels[:, :-1], temperature=1.3, chunk_size=chunk_size
+    )
+    gh, gw = torch.autograd.grad((stats.logprobs * upstream[:, :-1]).sum(), (h1, w1))
+
+    h2 = hidden.clone().requires_grad_(True)
+    w2 = weight.clone().requires_grad_(True)
+    lp, _, _ = naive_statistics(h2[:, :-1] @ w2.T, labels[:, :-1], 1.3)
+    rh, rw = torch.autograd.grad((lp * upstream[:, :-1]).sum(), (h2, w2))
+    torch.testing.assert_close(stats.logprobs, lp.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gh.float(), rh.float(), **TOL[dtype])
+    torch.testing.assert_close(gw.float(), rw.float(), **TOL[dtype])
+    assert not bool(gh[:, -1].any())  # the last position was not used
+
+
 def test_wrappers_and_gradient_to_weight_only():
     hidden, weight, labels, _ = _data(torch.float32)
     w = weight.clone().requires_grad_(True)

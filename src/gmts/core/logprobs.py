@@ -28,6 +28,7 @@ __all__ = [
 
 # Elements of one (chunk, V) float32 block: 2^24 floats = 64 MiB.
 _CHUNK_ELEMENTS = 1 << 24
+_MIN_TILE_COLUMNS = 1024  # narrowest vocabulary tile of the from-hidden backward
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,26 @@ def _check_finite(logprob: torch.Tensor, entropy: torch.Tensor, lse: torch.Tenso
 
 
 def _chunk_grad_z(
-    z: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, temperature: float
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    lse: torch.Tensor,
+    grad: torch.Tensor,
+    temperature: float,
+    col_start: int = 0,
 ) -> torch.Tensor:
-    """d(sum_t grad_t * logprob_t) / d raw logits for one chunk: grad * (onehot - p) / T, fp32 (n, V)."""
+    """d(sum_t grad_t * logprob_t) / d raw logits for one block: grad * (onehot - p) / T, fp32.
+
+    ``z`` (n, c) holds the raw logits of vocabulary columns ``[col_start, col_start + c)``
+    (all of them by default); a label outside those columns adds nothing to the block.
+    """
     z = z.float()
     if temperature != 1.0:
         z = z / temperature
-    dz = (z - lse[:, None]).exp_().mul_(-grad[:, None])  # (n, V) = -grad * p
-    dz.scatter_add_(-1, labels[:, None], grad[:, None])  # + grad at the label
+    dz = (z - lse[:, None]).exp_().mul_(-grad[:, None])  # (n, c) = -grad * p
+    local = labels - col_start  # (n,) label column inside the block
+    inside = (local >= 0) & (local < z.shape[1])
+    # + grad at the label (0 where the label lies in another block); no host sync
+    dz.scatter_add_(-1, local.clamp(0, z.shape[1] - 1)[:, None], (grad * inside)[:, None])
     if temperature != 1.0:
         dz.div_(temperature)
     return dz
@@ -235,29 +248,41 @@ class _HiddenStats(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if grad_logprob is None or not (need_h or need_w):
             return None, None, None, None, None, None
-        width = hidden.shape[-1]
+        width, vocab = hidden.shape[-1], weight.shape[0]
         grad_hidden = (
             torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_h else None
         )
         grad_weight = (
             torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        )  # (V, H) float32 accumulator over blocks
-        for rs, cs in _blocks(*labels.shape, ctx.chunk_size):
+        )  # (V, H) float32 accumulator over token blocks
+        # Tiles of (tokens x vocabulary columns) with as many elements as a forward block. Many
+        # tokens per tile keep the large (V, H) gradient to one pass per token block (a single
+        # block for typical N), instead of one read-modify-write of it per chunk of tokens.
+        elements = ctx.chunk_size * vocab
+        min_cols = min(vocab, _MIN_TILE_COLUMNS)
+        for rs, cs in _blocks(*labels.shape, max(1, elements // min_cols)):
             h = hidden[rs, cs].reshape(-1, width)  # (n, H)
-            dz = _chunk_grad_z(
-                h @ weight.T,
-                labels[rs, cs].reshape(-1),
-                lse[rs, cs].reshape(-1),
-                grad_logprob[rs, cs].reshape(-1),
-                ctx.temperature,
-            )
-            dz = dz.to(hidden.dtype)  # (n, V), matmuls in the input dtype as autograd would
+            n = h.shape[0]
+            block_labels = labels[rs, cs].reshape(-1)
+            block_lse = lse[rs, cs].reshape(-1)
+            block_grad = grad_logprob[rs, cs].reshape(-1)
+            dh = torch.zeros(n, width, dtype=torch.float32, device=h.device) if need_h else None
+            cols = max(min_cols, elements // max(n, 1))
+            for v0 in range(0, vocab, cols):
+                w = weight[v0 : v0 + cols]  # (c, H)
+                dz = _chunk_grad_z(
+                    h @ w.T, block_labels, block_lse, block_grad, ctx.temperature, v0
+                ).to(hidden.dtype)  # (n, c), matmuls in the input dtype as autograd would
+                if need_h and dz.dtype == torch.float32:
+                    dh.addmm_(dz, w)  # (n, H)
+                elif need_h:
+                    dh += (dz @ w).float()
+                if need_w and dz.dtype == torch.float32:
+                    grad_weight[v0 : v0 + cols].addmm_(dz.T, h)  # (c, H), in place
+                elif need_w:
+                    grad_weight[v0 : v0 + cols] += (dz.T @ h).float()
             if need_h:
-                grad_hidden[rs, cs] = (dz @ weight).view(grad_hidden[rs, cs].shape)  # (.., H)
-            if need_w and h.dtype == torch.float32:
-                grad_weight.addmm_(dz.T, h)  # (V, H), in place
-            elif need_w:
-                grad_weight += (dz.T @ h).float()  # (V, H) low-precision matmul, fp32 sum
+                grad_hidden[rs, cs] = dh.view(grad_hidden[rs, cs].shape).to(hidden.dtype)
         if need_w:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
