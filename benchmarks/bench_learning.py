@@ -235,7 +235,26 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
         for k, v in (run.get("eval_before") or {}).items()
         if k.startswith("average@")
     ]
-    return {"cells": table, "warm_start_average": _cell(before[:1]) if before else _cell([])}
+    curves: dict[str, dict[str, dict[int, list[float]]]] = {}
+    for run in runs:
+        spec = RunSpec(**run["spec"])
+        for point in run.get("eval_curve") or []:
+            key = next((k for k in point if k.startswith("average@")), None)
+            if key is not None and int(point["step"]) > 0:
+                by_step = curves.setdefault(spec.algorithm, {}).setdefault(spec.label, {})
+                by_step.setdefault(int(point["step"]), []).append(float(point[key]))
+    curve_cells = {  # held-out average@k at every evaluated step: how fast each method learns
+        alg: {
+            label: {str(step): _cell(v) for step, v in sorted(d.items())}
+            for label, d in sorted(labels.items())
+        }
+        for alg, labels in curves.items()
+    }
+    return {
+        "cells": table,
+        "curve_cells": curve_cells,
+        "warm_start_average": _cell(before[:1]) if before else _cell([]),
+    }
 
 
 def plot_curves(runs: list[dict], out_dir: Path) -> list[str]:

@@ -243,19 +243,41 @@ def render_learning(record: dict[str, Any]) -> str:
         "**Table 1 layout** (top 20%):\n\n"
         + _table(["algorithm", "all tokens", "+ETS 20%", "+GMTS 20%"], t1)
     )
+    curves = record["summary"].get("curve_cells") or {}
+    for alg in ("grpo", "dapo"):
+        labels = [
+            k for k in ("all tokens", "ETS top 0.2", "GMTS top 0.2") if k in curves.get(alg, {})
+        ]
+        steps = sorted({int(st) for k in labels for st in curves[alg][k]})
+        if len(steps) > 1:
+            rows = [[k] + [_mean_std(curves[alg][k].get(str(st))) for st in steps] for k in labels]
+            parts.append(
+                f"**{alg.upper()}, held-out average@{s['eval_samples']} (%) by training step** "
+                "(how fast each method learns; the last column is Table 1's):\n\n"
+                + _table(["method"] + [f"step {st}" for st in steps], rows)
+            )
     dapo = cells.get("dapo", {})
     ratios = sorted({float(k.split()[-1]) for k in dapo if " top " in k})
     if ratios:
+        early = curves.get("dapo", {})
+        first = min((int(st) for d in early.values() for st in d), default=None)
+
+        def at_first(label: str) -> str:
+            return _mean_std(early.get(label, {}).get(str(first))) if first else "-"
+
         t7 = [
             [
                 f"{r:g}",
                 _mean_std(dapo.get(f"ETS top {r:g}")),
                 _mean_std(dapo.get(f"GMTS top {r:g}")),
+                at_first(f"ETS top {r:g}"),
+                at_first(f"GMTS top {r:g}"),
             ]
             for r in ratios
         ]
         parts.append(
-            "**Table 7 layout** (DAPO, top ratio sweep):\n\n" + _table(["ratio", "ETS", "GMTS"], t7)
+            "**Table 7 layout** (DAPO, top ratio sweep; final, and at the first evaluation):\n\n"
+            + _table(["ratio", "ETS", "GMTS", f"ETS @ step {first}", f"GMTS @ step {first}"], t7)
         )
     bottoms = sorted({float(k.split()[-1]) for k in dapo if " bottom " in k})
     if bottoms:
