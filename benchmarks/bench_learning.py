@@ -277,7 +277,8 @@ def plot_curves(runs: list[dict], out_dir: Path) -> list[str]:
             n = min(len(c) for c in curves)
             mean = [statistics.fmean(c[i] for c in curves) for i in range(n)]
             smooth = _moving_average(mean, 10)
-            ax_train.plot(range(1, n + 1), smooth, label=f"{label} (n={len(group)})")
+            style = _line_style(label)
+            ax_train.plot(range(1, n + 1), smooth, label=f"{label} (n={len(group)})", **style)
             points: dict[int, list[float]] = {}
             for r in group:
                 for e in r.get("eval_curve", []):
@@ -286,7 +287,9 @@ def plot_curves(runs: list[dict], out_dir: Path) -> list[str]:
                         points.setdefault(int(e["step"]), []).append(float(e[key]))
             if points:
                 xs = sorted(points)
-                ax_eval.plot(xs, [statistics.fmean(points[x]) for x in xs], marker="o", label=label)
+                ax_eval.plot(
+                    xs, [statistics.fmean(points[x]) for x in xs], marker="o", label=label, **style
+                )
         ax_train.set(
             title=f"{algorithm.upper()}: training accuracy (moving average of 10 steps)",
             xlabel="step",
@@ -303,6 +306,16 @@ def plot_curves(runs: list[dict], out_dir: Path) -> list[str]:
         plt.close(fig)
         written.append(str(path))
     return written
+
+
+def _line_style(label: str) -> dict[str, Any]:
+    """One look per run label: all tokens black; ETS dashed, GMTS solid; colour = the ratio."""
+    if label == "all tokens":
+        return {"color": "black", "linewidth": 2.0}
+    method, side, ratio = label.split()  # e.g. "GMTS top 0.2"
+    colours = {"top 0.1": "C0", "top 0.2": "C1", "top 0.5": "C2", "top 0.9": "C3"}
+    colour = colours.get(f"{side} {ratio}", "C4" if side == "bottom" else "C5")
+    return {"color": colour, "linestyle": "--" if method == "ETS" else "-"}
 
 
 def _moving_average(values: list[float], width: int) -> list[float]:
