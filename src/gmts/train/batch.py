@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from gmts.core.logprobs import TokenStatistics
+from gmts.train.sequences import PromptResponse
 
 
 @dataclass
-class TrainBatch:
+class TrainBatch(PromptResponse):
     """One (per-rank) rollout batch with everything the update needs.
 
     Attributes:
@@ -29,6 +30,9 @@ class TrainBatch:
         old_logprobs, old_entropy: ``(B, T)`` float32 under the rollout policy (no grad).
         old_logit_grad_norm: ``(B, T)`` or None (only when a score needs it).
         ref_logprobs: ``(B, T)`` under the frozen reference, or None (no KL).
+
+    ``input_ids``, ``attention_mask`` and ``position_ids`` come from
+    :class:`gmts.train.sequences.PromptResponse`, as for the rollout it was built from.
     """
 
     prompt_ids: torch.Tensor
@@ -73,16 +77,6 @@ class TrainBatch:
     @property
     def num_rows(self) -> int:
         return self.response_ids.shape[0]
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        """``(B, P + T)`` prompt then response."""
-        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        """``(B, P + T)`` long."""
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1).long()
 
     def rows(self, index: slice | torch.Tensor) -> TrainBatch:
         """The sub-batch of rows ``index`` (tensors are views where possible)."""

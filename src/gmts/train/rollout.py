@@ -19,13 +19,15 @@ from typing import Any
 
 import torch
 
+from gmts.train.sequences import PromptResponse, position_ids_from_mask
+
 SAMPLERS = ("cache-loop", "generate")
 """Measured on the tiny model (2 CPU cores, 3,200 rows x 10 new tokens): see docs of
 ``generate_rollouts``; "cache-loop" is the default."""
 
 
 @dataclass
-class Rollout:
+class Rollout(PromptResponse):
     """G sampled completions for each of Q prompts; B = Q * G rows, a group's rows contiguous.
 
     Attributes:
@@ -40,6 +42,9 @@ class Rollout:
             tokens (so without the EOS).
         num_samples: G.
         pad_token_id: the id used for padding (may equal the EOS id).
+
+    ``input_ids``, ``attention_mask`` and ``position_ids`` (the model's inputs) come from
+    :class:`gmts.train.sequences.PromptResponse`.
     """
 
     prompt_ids: torch.Tensor
@@ -79,25 +84,6 @@ class Rollout:
     def prompt_length(self) -> int:
         """P, the padded prompt length (response token t sits at position P + t)."""
         return self.prompt_ids.shape[1]
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        """(B, P + T) long: prompt then response."""
-        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        """(B, P + T) long: 1 on real prompt and response tokens (EOS included)."""
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1).long()
-
-    @property
-    def position_ids(self) -> torch.Tensor:
-        """(B, P + T) long: the positions the sampler used, ``cumsum(attention_mask) - 1``.
-
-        Pass these to the model when recomputing log-probs of left-padded rows, otherwise a model
-        with learned or rotary positions sees different positions than at sampling time.
-        """
-        return position_ids_from_mask(self.attention_mask)
 
     # ---- manipulation --------------------------------------------------------------------------
     def to(self, device: torch.device | str) -> Rollout:
@@ -190,11 +176,6 @@ class Rollout:
         self.response_ids = self.response_ids[:, :used_t]
         self.response_mask = self.response_mask[:, :used_t]
         return self
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L) positions ``cumsum(mask) - 1`` clamped at 0 (left padding gets position 0)."""
-    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def _prompt_and_answer(problem: Any) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from gmts.core.selection import select_tokens
 from gmts.core.step import select_for_update
 from gmts.train.batch import TrainBatch
 from gmts.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
+from gmts.train.sequences import position_ids_from_mask
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def policy_statistics(
     """
     input_ids = batch.input_ids  # (B, P + T)
     attention_mask = batch.attention_mask  # (B, P + T)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    position_ids = position_ids_from_mask(attention_mask)  # (B, P + T), as at sampling time
     T = batch.response_ids.shape[1]
     out = model(
         input_ids=input_ids,
