@@ -6,7 +6,8 @@
 # Uses the machine's own python3 with CUDA PyTorch and transformers; gmts is taken from src/
 # (no install, nothing fetched). Item 3 uses a randomly initialised model of Qwen2.5-1.5B's
 # configuration (benchmarks/gpu_model.py). Then `python benchmarks/report.py` renders the
-# "6. On a GPU" tables of docs/results.md from OUT_DIR. Sized to finish in under 10 minutes.
+# "6. On a GPU" tables of docs/results.md from benchmarks/results/gpu. Sized for 10 minutes
+# on an H200 (an estimate: not yet run on a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -29,7 +29,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench_common import (  # noqa: E402
     DEFAULT_RESULTS_DIR,
     BenchOptions,
-    check_device,
     git_commit,
     machine_description,
     utc_now,
@@ -121,26 +120,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.device != "cpu" and on_cpu_only:
         print(f"--device {args.device}: {sorted(on_cpu_only)} run on the CPU only", file=sys.stderr)
         return 2
-    try:
-        check_device(args.device)
+    try:  # BenchOptions checks threads and device before any benchmark starts
+        options = BenchOptions(
+            quick=args.quick,
+            threads=args.threads,
+            device=args.device,
+            out_dir=out_dir,
+            extra={
+                "logprobs_repeats": args.logprobs_repeats,
+                "logprobs_parallel": args.logprobs_parallel,
+                "learning_plan": args.learning_plan,
+                "learning_steps": args.learning_steps,
+                "learning_jobs": args.learning_jobs,
+                "learning_eval_every": args.learning_eval_every,
+                "learning_eval_questions": args.learning_eval_questions,
+            },
+        )
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
-    options = BenchOptions(
-        quick=args.quick,
-        threads=args.threads,
-        device=args.device,
-        out_dir=out_dir,
-        extra={
-            "logprobs_repeats": args.logprobs_repeats,
-            "logprobs_parallel": args.logprobs_parallel,
-            "learning_plan": args.learning_plan,
-            "learning_steps": args.learning_steps,
-            "learning_jobs": args.learning_jobs,
-            "learning_eval_every": args.learning_eval_every,
-            "learning_eval_questions": args.learning_eval_questions,
-        },
-    )
     command = "python benchmarks/run.py " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )
