@@ -5,24 +5,39 @@ verl's engine workers run the actor update as: mini-batch ``TensorDict`` ->
 ranks) -> micro-batches -> ``loss_function(model_output, data, dp_group)`` per micro-batch.
 :class:`GMTSPolicyLoss` is such a ``loss_function`` (installed with the worker's ``set_loss_fn``)
 with one extra step, :meth:`GMTSPolicyLoss.prepare_mini_batch`, that the plugin's engine hook
-calls on the whole mini-batch before it is split:
+calls on the whole mini-batch before it is split.
 
-1. per-token quantities of the mini-batch (``(B, R)`` padded, R = max response length):
+Both of verl's trainer paths reach this code, with different layouts of the response fields
+(``response_mask``, ``old_log_probs``, ``advantages``, ``ref_log_prob``,
+``rollout_is_weights``):
+
+- the V1 trainer (``trainer.use_v1=true``, verl 0.9's default) hands over jagged nested tensors
+  ``(B, j)`` (one row per answer, its own length), ``old_log_probs`` often in bf16;
+- the legacy trainer hands over padded ``(B, R)`` tensors.
+
+Both are read the way verl's own ``ppo_loss`` reads them: ``data.select(...).to_padded_tensor()``
+gives padded ``(B, R)`` tensors, R = the longest response of the (mini- or micro-) batch.
+
+1. per-token quantities of the mini-batch (padded, float32 whatever the input dtype):
    ``score_inputs='current'`` runs one extra no-grad forward pass with the parameters about to
    be updated (exact r, I(r, A), KL and entropy for every mini-batch); ``'rollout'`` uses
    ``old_log_probs`` (r = 1);
-2. omega from verl's own objective: clip_ratio_low/high, the dual clip clip_ratio_c, and, with
-   ``use_kl_loss``, k3 (``low_var_kl``) with ``kl_loss_coef`` clamped at 10 as verl does;
+2. omega from verl's own objective: clip_ratio_low/high, the dual clip clip_ratio_c, with
+   ``use_kl_loss`` k3 (``low_var_kl``) with ``kl_loss_coef`` clamped at 10 as verl does, and
+   verl's rollout-correction weights w (``rollout_is_weights``, which verl multiplies into the
+   per-token policy loss): the policy part of omega is w * r * A * I(r, A);
 3. exactly k = ceil(ratio * N) tokens selected over the mini-batch of all data-parallel ranks
-   (the core's ``select_tokens`` with the engine's DP group); the mask is stored per row as
-   ``data["gmts_selected"]``, so it follows the rows through verl's micro-batch reordering,
-   and the global selected count S as ``gmts_num_selected``.
+   (the core's ``select_for_update`` with the engine's DP group); the mask is stored per row as
+   ``data["gmts_selected"]`` in the layout of ``response_mask`` (jagged nested when that is
+   nested, padded otherwise), so it follows the rows through verl's micro-batching and
+   reordering, and the global selected count S as ``gmts_num_selected``.
 
 The loss is verl's own policy loss (``actor.policy_loss.loss_mode``, vanilla for omega-based
-scores) evaluated on ``response_mask & gmts_selected``; with ``normalize='selected'`` verl's
-token-mean divides by S instead of the global token count (eq. 2). The KL loss covers the
-selected tokens (``kl_tokens='selected'``, divided like the policy term) or all valid tokens
-(``'all'``, divided by the global token count). The entropy bonus stays verl's (all tokens).
+scores) on the selected tokens; the divisor follows ``gmts.normalize``: S (eq. 2, token-mean
+only) or verl's own (``normalize='all'``: the global token count for token-mean, |o_i| per
+answer for seq-mean-token-mean). The KL loss covers the selected tokens (``kl_tokens='selected'``,
+divided like the policy term) or all valid tokens (``'all'``, verl's divisor). The entropy bonus
+stays verl's (all tokens).
 """
 
 from __future__ import annotations
@@ -50,6 +65,11 @@ NUM_SELECTED_KEY = "gmts_num_selected"
 THRESHOLD_KEY = "gmts_threshold"
 _K3_TYPES = ("low_var_kl", "k3")
 _VERL_K3_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
+# verl aggregations that divide each answer by its own token count
+_ROW_MEAN_AGGREGATIONS = ("seq-mean-token-mean",)
+# verl policy losses that multiply the per-token loss by rollout_is_weights before aggregating
+# (checked in verl 0.9.1's core_algos.compute_policy_loss_vanilla)
+_WEIGHTING_LOSS_MODES = ("vanilla",)
 
 
 def _cfg(config: Any, name: str, default: Any = None) -> Any:
@@ -89,9 +109,10 @@ def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
     problems = []
     selection = settings.selection
     needs_omega = selection.enabled and "omega" in SCORE_REQUIREMENTS[selection.score]
-    if needs_omega and _loss_mode(config) != "vanilla":
+    mode = _loss_mode(config)
+    if needs_omega and mode != "vanilla":
         problems.append(
-            f"policy_loss.loss_mode={_loss_mode(config)!r}: omega-based scores assume verl's "
+            f"policy_loss.loss_mode={mode!r}: omega-based scores assume verl's "
             "vanilla clipped objective; use loss_mode=vanilla or score=entropy/random"
         )
     kl_type = str(_cfg(config, "kl_loss_type", "low_var_kl"))
@@ -103,6 +124,12 @@ def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
             f"loss_agg_mode={agg!r}: normalize='selected' (eq. 2) is a token-mean over the "
             "selected tokens; set loss_agg_mode=token-mean or gmts.normalize=all"
         )
+    if selection.enabled and agg in _ROW_MEAN_AGGREGATIONS and mode not in _WEIGHTING_LOSS_MODES:
+        problems.append(
+            f"loss_agg_mode={agg!r} with policy_loss.loss_mode={mode!r}: each answer is divided "
+            "by its own length |o_i|, so the unselected tokens' loss must be zeroed by weights, "
+            f"which only {list(_WEIGHTING_LOSS_MODES)} is known to apply per token"
+        )
     if problems:
         raise ValueError(
             "GMTS cannot honour these verl actor settings:\n- " + "\n- ".join(problems)
@@ -110,16 +137,35 @@ def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# the response fields, in either of verl's layouts
+
+
+def padded_response_fields(data: Any, keys: list[str]) -> Any:
+    """``keys`` of ``data`` as padded ``(B, R)`` tensors, the way verl's ``ppo_loss`` reads them.
+
+    ``data.select(*keys).to_padded_tensor()``: jagged nested fields (V1 trainer) are padded with
+    zeros to R = the longest response in ``data``; padded fields (legacy trainer) pass unchanged.
+    """
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise ValueError(f"the actor mini-batch has no {missing} (fields: {sorted(data.keys())})")
+    return data.select(*keys).to_padded_tensor()
+
+
+def _like_response_mask(selected: torch.Tensor, data: Any) -> torch.Tensor:
+    """``selected`` ``(B, R)`` in the layout of ``data['response_mask']``: jagged nested ``(B, j)``
+    when that is nested (verl's ``response_to_nested``), else padded; on its device."""
+    response_mask = data["response_mask"]
+    selected = selected.to(response_mask.device)
+    if not response_mask.is_nested:
+        return selected
+    from verl.workers.utils.padding import response_to_nested
+
+    return response_to_nested(selected, response_mask)
+
+
+# --------------------------------------------------------------------------------------------
 # selection on the whole mini-batch
-
-
-def _padded(data: Any, key: str) -> torch.Tensor:
-    value = data[key]
-    if getattr(value, "is_nested", False):
-        raise ValueError(
-            f"data[{key!r}] is a nested tensor; GMTS expects verl's padded (B, R) response fields"
-        )
-    return value
 
 
 def prepare_selection(
@@ -135,30 +181,50 @@ def prepare_selection(
     """Select the tokens of a whole (local shard of a) mini-batch and store the result in it.
 
     Args:
-        data: verl ``TensorDict`` with padded ``(B, R)`` ``response_mask``, ``old_log_probs``,
-            ``advantages`` and (for a KL objective) ``ref_log_prob``.
+        data: verl ``TensorDict`` with ``response_mask``, ``old_log_probs``, ``advantages``,
+            (for a KL objective) ``ref_log_prob`` and optionally ``rollout_is_weights``, each
+            padded ``(B, R)`` (legacy trainer) or jagged nested ``(B, j)`` (V1 trainer).
         logprobs, entropy: ``(B, R)`` current-policy statistics from the extra pass, or None
-            (rollout inputs: logprobs = old_log_probs, so r = 1).
+            (rollout inputs: logprobs = old_log_probs, so r = 1). R must be the padded width of
+            the response fields (verl's ``no_padding_2_padding`` gives it).
         process_group: the data-parallel group; selection and counts are global over it.
         step: seeds the 'random' score.
 
     Returns:
-        ``data``, with ``gmts_selected`` ``(B, R)`` bool and the non-tensor entries
-        ``gmts_num_selected`` (global S, at least 1) and ``gmts_threshold``.
+        ``data``, with ``gmts_selected`` (bool, in the layout of ``response_mask``) and the
+        non-tensor entries ``gmts_num_selected`` (global S, at least 1) and ``gmts_threshold``.
+        Scores and selection are computed in float32 whatever the fields' dtype (V1 delivers
+        ``old_log_probs`` in bf16).
     """
     from verl.utils import tensordict_utils as tu
 
-    home = _padded(data, "response_mask").device  # where the mini-batch lives (often CPU)
-    device = _selection_device(logprobs, process_group, home)
-    response_mask = _padded(data, "response_mask").to(device).bool()  # (B, R)
-    old_logprobs = _padded(data, "old_log_probs").to(device).float()
-    advantages = _padded(data, "advantages").to(device).float()
+    keys = ["response_mask", "old_log_probs", "advantages"]
+    keys += [k for k in ("rollout_is_weights",) if k in data]
+    if objective.kl_coef > 0:
+        keys.append("ref_log_prob")
+    fields = padded_response_fields(data, keys)
+    device = _selection_device(logprobs, process_group, fields["response_mask"].device)
+    response_mask = fields["response_mask"].to(device).bool()  # (B, R)
+    width = response_mask.shape[1]
+    old_logprobs = fields["old_log_probs"].to(device).float()  # (B, R)
+    advantages = fields["advantages"].to(device).float()  # (B, R)
+    if "rollout_is_weights" in fields:
+        # verl multiplies the per-token policy loss by w >= 0; its omega is w * r A I(r, A),
+        # which is r (w A) I(r, w A) since w > 0 keeps the sign of A (w = 0: both are 0)
+        weights = fields["rollout_is_weights"].to(device).float()  # (B, R)
+        if bool((weights[response_mask] < 0).any()):
+            raise ValueError("rollout_is_weights has negative entries; GMTS needs weights >= 0")
+        advantages = advantages * weights
     ref_logprobs = None
     if objective.kl_coef > 0:
-        ref_logprobs = _padded(data, "ref_log_prob").to(device).float()
+        ref_logprobs = fields["ref_log_prob"].to(device).float()
+    for name, value in (("logprobs", logprobs), ("entropy", entropy)):
+        if value is not None and tuple(value.shape) != tuple(response_mask.shape):
+            raise ValueError(
+                f"{name} has shape {tuple(value.shape)}, the mini-batch's padded response "
+                f"fields {(response_mask.shape[0], width)}"
+            )
     current = old_logprobs if logprobs is None else logprobs.to(device).float()
-    if entropy is not None:
-        entropy = entropy.to(device)
     result = select_for_update(
         settings.selection,
         objective,
@@ -166,7 +232,7 @@ def prepare_selection(
         old_logprobs=old_logprobs,
         advantages=advantages,
         response_mask=response_mask,
-        entropy=None if entropy is None else entropy.float(),
+        entropy=None if entropy is None else entropy.to(device).float(),
         ref_logprobs=ref_logprobs,
         process_group=process_group,
         step=step,
@@ -175,7 +241,7 @@ def prepare_selection(
     num_selected = loss_denominator(
         response_mask, selected, "token-mean", "selected", process_group
     )
-    data[SELECTED_KEY] = selected.to(home)
+    data[SELECTED_KEY] = _like_response_mask(selected, data)
     threshold = math.nan if result.threshold is None else float(result.threshold)
     tu.assign_non_tensor(data, **{NUM_SELECTED_KEY: num_selected, THRESHOLD_KEY: threshold})
     return data
@@ -208,12 +274,20 @@ def gmts_ppo_loss(
 
     Args:
         config: verl ``ActorConfig``. model_output: ``{"log_probs", "entropy"?}`` of the
-            micro-batch (nested, no padding). data: the micro-batch ``TensorDict``, carrying
+            micro-batch (packed or nested over prompt + response, as the engine returns them).
+            data: the micro-batch ``TensorDict`` (padded or nested response fields), carrying
             ``gmts_selected`` from :func:`prepare_selection` unless selection is off.
 
     Returns:
         ``(loss, metrics)`` like ``ppo_loss``; loss is scaled so that summing it over
         micro-batches and averaging gradients over DP ranks gives the mini-batch loss.
+
+    Only the selected tokens carry policy (and, with ``kl_tokens='selected'``, KL) loss. Token
+    sums: verl's policy loss on the mask ``response_mask & gmts_selected``; for
+    seq-mean-token-mean, whose per-answer divisor |o_i| counts the whole answer, the full
+    ``response_mask`` with the unselected tokens' loss zeroed (a 0/1 factor in verl's per-token
+    ``rollout_is_weights``). Divisors: with ``normalize='selected'`` the global selected count
+    S, else verl's own (``batch_num_tokens`` / ``global_batch_size``).
     """
     from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
     from verl.utils import tensordict_utils as tu
@@ -234,7 +308,7 @@ def gmts_ppo_loss(
 
     wanted = ["response_mask", "old_log_probs", "advantages"]
     wanted += [k for k in ("rollout_is_weights", "ref_log_prob", SELECTED_KEY) if k in data]
-    fields = data.select(*wanted).to_padded_tensor()
+    fields = padded_response_fields(data, wanted)
     response_mask = fields["response_mask"].bool()  # (B, R)
     if SELECTED_KEY in fields:
         selected = fields[SELECTED_KEY].bool() & response_mask
@@ -267,6 +341,13 @@ def gmts_ppo_loss(
         "global_batch_size": global_batch_size,
         "loss_scale_factor": config.loss_scale_factor,
     }
+    weights = fields.get("rollout_is_weights", None)
+    policy_mask = selected
+    if config.loss_agg_mode in _ROW_MEAN_AGGREGATIONS:
+        # divide each answer by its length |o_i|: full mask, unselected tokens' loss zeroed
+        policy_mask = response_mask
+        keep = selected.to(log_prob.dtype)  # (B, R)
+        weights = keep if weights is None else weights * keep
     # verl's policy loss functions aggregate with config.global_batch_info
     config.global_batch_info.update(info, batch_num_tokens=policy_tokens)
     policy_loss_fn = get_policy_loss_fn(_loss_mode(config))
@@ -274,10 +355,10 @@ def gmts_ppo_loss(
         old_log_prob=fields["old_log_probs"],
         log_prob=log_prob,
         advantages=fields["advantages"],
-        response_mask=selected,
+        response_mask=policy_mask,
         loss_agg_mode=config.loss_agg_mode,
         config=config,
-        rollout_is_weights=fields.get("rollout_is_weights", None),
+        rollout_is_weights=weights,
     )
     metrics: dict[str, Any] = dict(Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN))
     metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=aggregation)
@@ -298,10 +379,12 @@ def gmts_ppo_loss(
         kl_on_selected = selection.kl_tokens == "selected"
         kld = kl_penalty(
             logprob=log_prob, ref_logprob=fields["ref_log_prob"], kl_penalty=config.kl_loss_type
-        )
+        )  # (B, R)
+        if kl_on_selected:  # zeroed outside the selection, counted over the whole answer
+            kld = torch.where(selected, kld, torch.zeros_like(kld))
         kl_loss = agg_loss(
             loss_mat=kld,
-            loss_mask=selected if kl_on_selected else response_mask,
+            loss_mask=response_mask,
             loss_agg_mode=config.loss_agg_mode,
             batch_num_tokens=policy_tokens if kl_on_selected else batch_num_tokens,
             **info,
