@@ -443,6 +443,24 @@ def test_legacy_trainer_with_dapo_group_filtering_is_refused():
     plugin.check_trainer_config(_verl_config("trainer.use_v1=false"))
 
 
+@pytest.mark.slow
+def test_launcher_refuses_dapo_on_the_legacy_trainer_before_ray_starts(tmp_path):
+    """The shipped DAPO config with trainer.use_v1=false: verl's main_ppo stops in its config
+    check (the plugin's validate_config hook), before ray.init."""
+    config = vb.REPO / "configs" / "verl" / "qwen2.5-math-1.5b-dapo-gmts.yaml"
+    cmd = [
+        sys.executable, "-m", "gmts.integrations.verl", "--config", str(config),
+        "trainer.use_v1=false", f"data.train_files={tmp_path}/x.parquet",
+        f"data.val_files={tmp_path}/x.parquet",
+    ]  # fmt: skip
+    env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1")  # a Ray start would fail differently
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "legacy trainer implements no group filtering" in out, out[-3000:]
+    assert "ray init kwargs" not in out
+
+
 @pytest.mark.parametrize("config_file", sorted((vb.REPO / "configs" / "verl").glob("*.yaml")))
 def test_shipped_configs_start_on_verl_v1_and_filter_groups_when_they_say(config_file):
     """Each shipped config, composed by verl's Hydra config, runs the V1 trainer (verl's

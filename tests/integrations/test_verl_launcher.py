@@ -76,6 +76,17 @@ def test_shipped_configs_parse_and_command_line_wins(config):
     assert any(o.startswith(RUNTIME_KEY) for o in overrides)
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_shipped_configs_choose_verls_trainer_explicitly(config):
+    """verl 0.9 defaults to the V1 trainer; each config says so itself, and DAPO configs name
+    their group-filter metric (V1 requires one)."""
+    _, _, overrides, _ = build_command(["--config", str(config)])
+    assert "trainer.use_v1=true" in overrides
+    if "dapo" in config.stem:
+        assert "algorithm.filter_groups.enable=true" in overrides
+        assert "algorithm.filter_groups.metric=reward" in overrides
+
+
 def test_configs_exist_for_every_paper_setting():
     names = {c.stem for c in CONFIGS}
     for stem in ("qwen2.5-math-1.5b", "qwen2.5-math-7b", "qwen3-8b", "qwen2.5-coder", "csqa"):
