@@ -17,7 +17,13 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from gmts.data.tiny_model import TinyModelConfig, build_tiny_model  # noqa: E402
 from gmts.data.tokenizer import build_char_tokenizer  # noqa: E402
-from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer, check_trl_args  # noqa: E402
+from gmts.core import SelectionConfig  # noqa: E402
+from gmts.integrations.trl import (  # noqa: E402
+    GMTSGRPOConfig,
+    GMTSGRPOTrainer,
+    check_trl_args,
+    gmts_args,
+)
 
 
 def _length_reward(completions, **kwargs):
@@ -118,18 +124,13 @@ def _loss_and_grads(trainer, inputs):
     [("dapo", 0.0, True), ("grpo", 0.04, True), ("bnpo", 0.04, False), ("dr_grpo", 0.0, True)],
 )
 def test_entropy_selection_equals_trl_top_entropy_quantile(model_dir, loss_type, beta, bias_kl):
-    """score=entropy, normalize=all, kl_tokens=all == TRL's top_entropy_quantile (no ties)."""
+    """The "trl" preset with score=entropy == TRL's own top_entropy_quantile (no ties, one
+    micro-batch), loss and gradients, for every supported loss_type."""
     rho = 0.2
     common = _common(loss_type=loss_type, beta=beta, use_bias_correction_kl=bias_kl)
     trl_trainer = _build(GRPOTrainer, GRPOConfig(**common, top_entropy_quantile=rho), model_dir)
-    gmts_args = GMTSGRPOConfig(
-        **common,
-        gmts_score="entropy",
-        gmts_ratio=rho,
-        gmts_normalize="all",
-        gmts_kl_tokens="all",
-    )
-    gmts_trainer = _build(GMTSGRPOTrainer, gmts_args, model_dir)
+    preset = SelectionConfig.preset("trl", score="entropy", ratio=rho)
+    gmts_trainer = _build(GMTSGRPOTrainer, GMTSGRPOConfig(**common, **gmts_args(preset)), model_dir)
     for seed in (0, 1):
         inputs = _inputs(seed, beta)
         ref_loss, ref_grads = _loss_and_grads(trl_trainer, inputs)
