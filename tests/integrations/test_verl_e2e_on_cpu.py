@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE / "verl_cpu"))
 
 import scaffold  # noqa: E402
 
-from gmts.core import SelectionConfig, policy_loss, select_for_update  # noqa: E402
+from gmts.core import LossConfig, SelectionConfig, policy_loss, select_for_update  # noqa: E402
 from gmts.integrations.verl.loss import objective_from_actor_config  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -105,6 +105,7 @@ def _check_minibatch(record: dict, use_v1: bool) -> None:
         use_kl_loss=True,
         kl_loss_coef=0.05,
         kl_loss_type="low_var_kl",
+        loss_agg_mode="seq-mean-token-mean",
     )  # the run's actor settings (scaffold.command); the rest are verl's defaults
     objective = objective_from_actor_config(config)
     inputs = record["score_inputs"]
@@ -139,16 +140,17 @@ def _check_minibatch(record: dict, use_v1: bool) -> None:
 
     micro_mask, micro_selected = cat("response_mask").bool(), cat("gmts_selected")
     assert int(micro_selected.sum()) == record["num_selected"]  # same rows, reordered
-    want_loss, _ = policy_loss(  # eq. 2 over the whole mini-batch, divisor from the core
+    # eq. 2 over the whole mini-batch (GRPO's seq-mean-token-mean aggregation in verl, but a
+    # selection with normalize='selected' is a token-mean over S: the core's rule)
+    assert objective.aggregation == "seq-mean-token-mean"
+    want_loss, _ = policy_loss(
         cat("log_prob"),
         cat("old_log_probs").float(),
         cat("advantages").float(),
         micro_mask,
-        **objective.loss_kwargs(),
+        LossConfig(objective, normalize="selected", kl_tokens="selected"),
         ref_logprobs=cat("ref_log_prob").float(),
         selected=micro_selected,
-        normalize="selected",
-        kl_tokens="selected",
     )
     applied = sum(m["loss"] for m in micro)
     assert applied == pytest.approx(float(want_loss), rel=1e-4, abs=1e-7)

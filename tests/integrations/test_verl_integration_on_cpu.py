@@ -8,6 +8,7 @@ micro-batches by verl's own iterators.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -30,7 +31,7 @@ from verl.workers.config.actor import ActorConfig, PolicyLossConfig  # noqa: E40
 from verl.workers.utils.losses import ppo_loss, sft_loss, value_loss  # noqa: E402
 from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
 
-from gmts.core import SelectionConfig, policy_loss, select_for_update  # noqa: E402
+from gmts.core import LossConfig, SelectionConfig, policy_loss, select_for_update  # noqa: E402
 from gmts.integrations.verl import plugin  # noqa: E402
 from gmts.integrations.verl.loss import (  # noqa: E402
     GMTSPolicyLoss,
@@ -153,22 +154,22 @@ def test_ratio_one_equals_verl_ppo_loss(layout, agg, normalize, entropy_coeff, u
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-8)
 
 
-def _core_loss(mini, answers, leaf, config, selected, aggregation, normalize, kl_tokens):
+def _core_loss(
+    mini, answers, leaf, config, selected, aggregation, normalize, kl_tokens,
+    mask_key="response_mask",
+):  # fmt: skip
     """The core's policy_loss on the whole mini-batch, padded, float32 (the oracle)."""
     fields = padded_response_fields(mini, FIELDS + ["gmts_selected"])
-    mask = fields["response_mask"].bool()
-    objective = objective_from_actor_config(config)
-    kwargs = objective.loss_kwargs() | {"aggregation": aggregation}
+    mask = fields[mask_key].bool()
+    objective = dataclasses.replace(objective_from_actor_config(config), aggregation=aggregation)
     return policy_loss(
         no_padding_2_padding(vb.model_output(answers, mini, leaf=leaf), mini).float(),
         fields["old_log_probs"].float(),
         fields["advantages"].float(),
         mask,
-        **kwargs,
+        LossConfig(objective, normalize=normalize, kl_tokens=kl_tokens),
         ref_logprobs=fields["ref_log_prob"].float(),
         selected=selected,
-        normalize=normalize,
-        kl_tokens=kl_tokens,
     )
 
 
@@ -189,12 +190,13 @@ def _assert_gmts_loss_is_the_core_loss(mini, answers, config, settings, selected
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kl_tokens", ["selected", "all"])
-def test_selection_and_loss_match_the_core_eq2(layout, kl_tokens):
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_selection_and_loss_match_the_core_eq2(layout, kl_tokens, agg):
     """Exactly ceil(rho N) response tokens, scored in float32 (V1's old log-probs are bf16), the
     mask stored in the layout of response_mask, and the loss summed over verl's micro-batches
     (dynamic sizes: rows regrouped and reordered) equal to the core's eq. 2 with verl's dual clip
-    and clamped k3 KL (values and gradients)."""
-    config = _actor_config()
+    and clamped k3 KL (values and gradients), whatever verl's loss_agg_mode (the core's rule)."""
+    config = _actor_config(loss_agg_mode=agg)
     rho = 0.3
     settings = _settings(score="gmts", ratio=rho, kl_tokens=kl_tokens)
     objective = objective_from_actor_config(config)
@@ -222,7 +224,7 @@ def test_selection_and_loss_match_the_core_eq2(layout, kl_tokens):
         assert torch.equal(selected, want_selected)
 
         metrics, _ = _assert_gmts_loss_is_the_core_loss(
-            mini, answers, config, settings, selected, "token-mean", "selected"
+            mini, answers, config, settings, selected, agg, "selected"
         )
         assert metrics["gmts/selected_fraction"] == pytest.approx(selected.sum().item() / n_valid)
 
@@ -243,10 +245,12 @@ def test_normalize_all_with_seq_mean_token_mean_divides_each_answer_by_its_lengt
         _, got = _assert_gmts_loss_is_the_core_loss(
             mini, answers, config, settings, selected, "seq-mean-token-mean", "all"
         )
-        # the per-|S_i| divisor (the old behaviour) gives a different loss
+        # dividing each answer by its selected count |S_i| (the old behaviour: verl's
+        # seq-mean-token-mean over the selected tokens as its mask) gives a different loss
         wrong, _ = _core_loss(
-            mini, answers, None, config, selected, "seq-mean-token-mean", "selected", kl_tokens
-        )
+            mini, answers, None, config, selected, "seq-mean-token-mean", "all", kl_tokens,
+            mask_key="gmts_selected",
+        )  # fmt: skip
         assert not torch.allclose(wrong.detach(), got, rtol=1e-3)
 
 
@@ -408,8 +412,9 @@ def test_set_loss_fn_hook_swaps_verl_actor_ppo_loss_and_refuses_other_actor_loss
 
 
 def test_actor_settings_gmts_cannot_honour_raise():
-    with pytest.raises(ValueError, match="loss_agg_mode"):
-        GMTSPolicyLoss(_actor_config(loss_agg_mode="seq-mean-token-mean"), _settings())
+    GMTSPolicyLoss(_actor_config(loss_agg_mode="seq-mean-token-mean"), _settings())  # eq. 2
+    with pytest.raises(ValueError, match="loss_agg_mode"):  # no core counterpart
+        GMTSPolicyLoss(_actor_config(loss_agg_mode="seq-mean-token-sum-norm"), _settings())
     with pytest.raises(ValueError, match="kl_loss_type"):
         GMTSPolicyLoss(_actor_config(kl_loss_type="k1"), _settings())
     with pytest.raises(ValueError, match="loss_mode"):

@@ -142,7 +142,7 @@ def command(folder: Path, *, use_v1: bool, steps: int = 2, extra: list[str] = ()
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.05",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",  # GRPO's eq. 1
         "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",

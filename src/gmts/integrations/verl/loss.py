@@ -33,11 +33,14 @@ gives padded ``(B, R)`` tensors, R = the longest response of the (mini- or micro
    reordering, and the global selected count S as ``gmts_num_selected``.
 
 The loss is verl's own policy loss (``actor.policy_loss.loss_mode``, vanilla for omega-based
-scores) on the selected tokens; the divisor follows ``gmts.normalize``: S (eq. 2, token-mean
-only) or verl's own (``normalize='all'``: the global token count for token-mean, |o_i| per
-answer for seq-mean-token-mean). The KL loss covers the selected tokens (``kl_tokens='selected'``,
-divided like the policy term) or all valid tokens (``'all'``, verl's divisor). The entropy bonus
-stays verl's (all tokens).
+scores) on the selected tokens, aggregated and divided by the core's rule
+(``gmts.core.loss.LossConfig``: its ``aggregation`` and ``denominators`` on the mini-batch's
+global ``TokenSums``, computed once in :func:`prepare_selection`): ``normalize='selected'`` is
+eq. 2, a token-mean over S whatever verl's ``loss_agg_mode``; ``normalize='all'`` keeps verl's
+aggregation counting every valid token (N for token-mean; per answer |o_i|, then the rows, for
+seq-mean-token-mean). The KL loss covers the selected tokens (``kl_tokens='selected'``) or all
+valid tokens (``'all'``), with the core's KL divisor. The entropy bonus stays verl's (all
+tokens, verl's divisor).
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ from typing import Any
 
 import torch
 
-from gmts.core.objectives import ObjectiveConfig, loss_denominator
-from gmts.core.scores import SCORE_REQUIREMENTS
+from gmts.core.aggregation import Aggregation, get_aggregation
+from gmts.core.loss import LossConfig, TokenSums
+from gmts.core.objectives import ObjectiveConfig
+from gmts.core.scores import score_requirements
 from gmts.core.step import select_for_update
 from gmts.integrations.verl.settings import GMTSVerlSettings
 
@@ -63,10 +68,11 @@ __all__ = [
 SELECTED_KEY = "gmts_selected"
 NUM_SELECTED_KEY = "gmts_num_selected"
 THRESHOLD_KEY = "gmts_threshold"
+DIVISORS_KEY = "gmts_divisors"  # (policy, KL) from the core's LossConfig.denominators
 _K3_TYPES = ("low_var_kl", "k3")
 _VERL_K3_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
-# verl aggregations that divide each answer by its own token count
-_ROW_MEAN_AGGREGATIONS = ("seq-mean-token-mean",)
+# verl's loss_agg_mode values the core's aggregations cover (same names, same meaning)
+VERL_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # verl policy losses that multiply the per-token loss by rollout_is_weights before aggregating
 # (checked in verl 0.9.1's core_algos.compute_policy_loss_vanilla)
 _WEIGHTING_LOSS_MODES = ("vanilla",)
@@ -100,15 +106,24 @@ def objective_from_actor_config(config: Any) -> ObjectiveConfig:
         kl_coef=float(_cfg(config, "kl_loss_coef", 0.0)) if use_kl else 0.0,
         kl_ratio_correction=False,
         kl_clamp=_VERL_K3_CLAMP if use_kl and kl_type in _K3_TYPES else None,
-        aggregation="token-mean",
+        aggregation=_core_aggregation(str(_cfg(config, "loss_agg_mode", "token-mean"))),
     )
+
+
+def _core_aggregation(loss_agg_mode: str) -> str:
+    """The core aggregation of a verl ``loss_agg_mode`` (same name where the core has it)."""
+    if loss_agg_mode not in VERL_AGGREGATIONS:
+        raise ValueError(
+            f"loss_agg_mode={loss_agg_mode!r}: GMTS covers verl's {list(VERL_AGGREGATIONS)}"
+        )
+    return loss_agg_mode
 
 
 def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
     """Raise ``ValueError`` for verl actor settings GMTS cannot honour."""
     problems = []
     selection = settings.selection
-    needs_omega = selection.enabled and "omega" in SCORE_REQUIREMENTS[selection.score]
+    needs_omega = selection.enabled and "omega" in score_requirements(selection.score)
     mode = _loss_mode(config)
     if needs_omega and mode != "vanilla":
         problems.append(
@@ -119,12 +134,11 @@ def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
     if needs_omega and _cfg(config, "use_kl_loss", False) and kl_type not in _K3_TYPES:
         problems.append(f"kl_loss_type={kl_type!r}: omega covers the k3 KL only (low_var_kl / k3)")
     agg = str(_cfg(config, "loss_agg_mode", "token-mean"))
-    if selection.enabled and selection.normalize == "selected" and agg != "token-mean":
-        problems.append(
-            f"loss_agg_mode={agg!r}: normalize='selected' (eq. 2) is a token-mean over the "
-            "selected tokens; set loss_agg_mode=token-mean or gmts.normalize=all"
-        )
-    if selection.enabled and agg in _ROW_MEAN_AGGREGATIONS and mode not in _WEIGHTING_LOSS_MODES:
+    if agg not in VERL_AGGREGATIONS:
+        problems.append(f"loss_agg_mode={agg!r}: GMTS covers verl's {list(VERL_AGGREGATIONS)}")
+    row_mean = agg in VERL_AGGREGATIONS and get_aggregation(agg).row_mean
+    applied = selection.normalize == "all" and row_mean  # else eq. 2's token-mean
+    if selection.enabled and applied and mode not in _WEIGHTING_LOSS_MODES:
         problems.append(
             f"loss_agg_mode={agg!r} with policy_loss.loss_mode={mode!r}: each answer is divided "
             "by its own length |o_i|, so the unselected tokens' loss must be zeroed by weights, "
@@ -238,12 +252,18 @@ def prepare_selection(
         step=step,
     )
     selected = response_mask if result.selected is None else result.selected & response_mask
-    num_selected = loss_denominator(
-        response_mask, selected, "token-mean", "selected", process_group
-    )
+    counts = TokenSums.count(response_mask, selected).all_reduce(process_group)
+    divisors = LossConfig.of(objective, settings.selection).denominators(counts)
     data[SELECTED_KEY] = _like_response_mask(selected, data)
     threshold = math.nan if result.threshold is None else float(result.threshold)
-    tu.assign_non_tensor(data, **{NUM_SELECTED_KEY: num_selected, THRESHOLD_KEY: threshold})
+    tu.assign_non_tensor(
+        data,
+        **{
+            NUM_SELECTED_KEY: max(counts["selected_tokens"], 1.0),
+            DIVISORS_KEY: (divisors.policy, divisors.kl),
+            THRESHOLD_KEY: threshold,
+        },
+    )
     return data
 
 
@@ -283,11 +303,12 @@ def gmts_ppo_loss(
         micro-batches and averaging gradients over DP ranks gives the mini-batch loss.
 
     Only the selected tokens carry policy (and, with ``kl_tokens='selected'``, KL) loss. Token
-    sums: verl's policy loss on the mask ``response_mask & gmts_selected``; for
-    seq-mean-token-mean, whose per-answer divisor |o_i| counts the whole answer, the full
-    ``response_mask`` with the unselected tokens' loss zeroed (a 0/1 factor in verl's per-token
-    ``rollout_is_weights``). Divisors: with ``normalize='selected'`` the global selected count
-    S, else verl's own (``batch_num_tokens`` / ``global_batch_size``).
+    sums: verl's policy loss on the mask ``response_mask & gmts_selected``; for a row-mean
+    aggregation (seq-mean-token-mean with ``normalize='all'``), whose per-answer divisor |o_i|
+    counts the whole answer, the full ``response_mask`` with the unselected tokens' loss zeroed
+    (a 0/1 factor in verl's per-token ``rollout_is_weights``). Aggregation and divisors: the
+    core's (``gmts_divisors`` from :func:`prepare_selection`), passed to verl in the slot its
+    aggregation divides by (``batch_num_tokens`` for tokens, ``global_batch_size`` for rows).
     """
     from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
     from verl.utils import tensordict_utils as tu
@@ -304,30 +325,41 @@ def gmts_ppo_loss(
     batch_num_tokens = data["batch_num_tokens"]  # all valid tokens of the mini-batch, all ranks
     global_batch_size = data["global_batch_size"]
     num_selected = tu.get_non_tensor_data(data=data, key=NUM_SELECTED_KEY, default=None)
+    divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
     threshold = tu.get_non_tensor_data(data=data, key=THRESHOLD_KEY, default=math.nan)
 
     wanted = ["response_mask", "old_log_probs", "advantages"]
     wanted += [k for k in ("rollout_is_weights", "ref_log_prob", SELECTED_KEY) if k in data]
     fields = padded_response_fields(data, wanted)
     response_mask = fields["response_mask"].bool()  # (B, R)
+    info = {
+        "dp_size": dp_size,
+        "batch_num_tokens": batch_num_tokens,
+        "global_batch_size": global_batch_size,
+        "loss_scale_factor": config.loss_scale_factor,
+    }
     if SELECTED_KEY in fields:
+        if divisors is None:
+            raise ValueError(f"micro-batch has no {DIVISORS_KEY!r} (see prepare_selection)")
         selected = fields[SELECTED_KEY].bool() & response_mask
+        # the core's rule: eq. 2's token-mean over S, or the objective's own aggregation
+        loss_config = LossConfig.of(objective_from_actor_config(config), selection)
+        aggregation = loss_config.aggregation(selection=True)
+        policy_info = _with_divisor(info, aggregation, divisors[0])
+        kl_info = _with_divisor(info, aggregation, divisors[1])
+        kl_carriers = selected if selection.kl_tokens == "selected" else response_mask
     elif not selection.enabled or not torch.is_grad_enabled():
         # no selection, or a forward-only evaluation of the loss (infer_batch with
-        # compute_loss): nothing is trained, so the reported loss covers every valid token
-        selected = response_mask
+        # compute_loss): nothing is trained, so the loss is verl's over every valid token
+        selected = kl_carriers = response_mask
+        aggregation = get_aggregation(_core_aggregation(config.loss_agg_mode))
+        policy_info = kl_info = info
         num_selected = batch_num_tokens
     else:
         raise ValueError(
             f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
             "mini-batch (is the gmts verl plugin registered in this worker process?)"
         )
-    if selection.enabled and selection.normalize == "selected":
-        if num_selected is None:
-            raise ValueError(f"micro-batch has no {NUM_SELECTED_KEY!r} (see prepare_selection)")
-        policy_tokens = num_selected
-    else:
-        policy_tokens = batch_num_tokens
 
     uses_global_info = (
         dp_size > 1
@@ -335,68 +367,62 @@ def gmts_ppo_loss(
         or global_batch_size is not None
         or config.loss_scale_factor is not None
     )
-    aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
-    info = {
-        "dp_size": dp_size,
-        "global_batch_size": global_batch_size,
-        "loss_scale_factor": config.loss_scale_factor,
-    }
+    metric_aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
     weights = fields.get("rollout_is_weights", None)
     policy_mask = selected
-    if config.loss_agg_mode in _ROW_MEAN_AGGREGATIONS:
-        # divide each answer by its length |o_i|: full mask, unselected tokens' loss zeroed
+    if aggregation.row_mean:
+        # each answer divided by its length |o_i|: full mask, unselected tokens' loss zeroed
         policy_mask = response_mask
         keep = selected.to(log_prob.dtype)  # (B, R)
         weights = keep if weights is None else weights * keep
     # verl's policy loss functions aggregate with config.global_batch_info
-    config.global_batch_info.update(info, batch_num_tokens=policy_tokens)
+    config.global_batch_info.update(policy_info)
     policy_loss_fn = get_policy_loss_fn(_loss_mode(config))
     pg_loss, pg_metrics = policy_loss_fn(
         old_log_prob=fields["old_log_probs"],
         log_prob=log_prob,
         advantages=fields["advantages"],
         response_mask=policy_mask,
-        loss_agg_mode=config.loss_agg_mode,
+        loss_agg_mode=aggregation.name,
         config=config,
         rollout_is_weights=weights,
     )
     metrics: dict[str, Any] = dict(Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN))
-    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=aggregation)
+    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)
     loss = pg_loss
 
-    if entropy is not None:  # verl's entropy bonus, over every valid token
+    if entropy is not None:  # verl's entropy bonus, over every valid token, verl's divisor
         entropy_loss = agg_loss(
-            loss_mat=entropy,
-            loss_mask=response_mask,
-            loss_agg_mode=config.loss_agg_mode,
-            batch_num_tokens=batch_num_tokens,
-            **info,
+            loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **info
         )
         loss = loss - config.entropy_coeff * entropy_loss
-        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=aggregation)
+        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
 
     if config.use_kl_loss:
-        kl_on_selected = selection.kl_tokens == "selected"
         kld = kl_penalty(
             logprob=log_prob, ref_logprob=fields["ref_log_prob"], kl_penalty=config.kl_loss_type
         )  # (B, R)
-        if kl_on_selected:  # zeroed outside the selection, counted over the whole answer
-            kld = torch.where(selected, kld, torch.zeros_like(kld))
+        kld = torch.where(kl_carriers, kld, torch.zeros_like(kld))  # counted over the answer
         kl_loss = agg_loss(
-            loss_mat=kld,
-            loss_mask=response_mask,
-            loss_agg_mode=config.loss_agg_mode,
-            batch_num_tokens=policy_tokens if kl_on_selected else batch_num_tokens,
-            **info,
+            loss_mat=kld, loss_mask=response_mask, loss_agg_mode=aggregation.name, **kl_info
         )
         loss = loss + kl_loss * config.kl_loss_coef
-        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=aggregation)
+        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=metric_aggregation)
         metrics["kl_coef"] = config.kl_loss_coef
 
     if selection.enabled and batch_num_tokens:
         metrics["gmts/selected_fraction"] = float(num_selected or 0) / float(batch_num_tokens)
         metrics["gmts/score_threshold"] = float(threshold)
     return loss, metrics
+
+
+def _with_divisor(info: dict[str, Any], aggregation: Aggregation, divisor: float) -> dict:
+    """verl's aggregation arguments with the core's divisor in the slot verl divides by."""
+    if aggregation.divisor == "tokens":
+        return {**info, "batch_num_tokens": divisor}
+    if aggregation.divisor == "rows":
+        return {**info, "global_batch_size": divisor}
+    raise ValueError(f"aggregation {aggregation.name!r} has no verl counterpart")
 
 
 class GMTSPolicyLoss:
