@@ -18,6 +18,7 @@ process; Ray stays on 127.0.0.1). Not product code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -165,7 +166,8 @@ def environment(folder: Path) -> dict[str, str]:
     """The run's environment: the scaffolding importable, verl on the CPU platform, offline."""
     src = str(Path(__file__).resolve().parents[3] / "src")
     paths = [str(HERE), src, os.environ.get("PYTHONPATH", "")]
-    ray_tmp = Path("/tmp") / f"gmts-ray-{os.getpid()}"  # short: Ray's socket paths are limited
+    tag = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]  # one per run folder
+    ray_tmp = Path("/tmp") / f"gmts-ray-{tag}"  # short: Ray's socket paths are limited
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
