@@ -8,8 +8,9 @@ import pytest
 
 import gmts.train.trainer as trainer
 from gmts.cli import main
-from gmts.rewards import SandboxUnavailableError
+from gmts.rewards import SandboxUnavailableError, code_reward
 from gmts.rewards.sandbox import _environment
+from gmts.train.collect import score_rewards
 from gmts.train.config import load_config
 
 BWRAP_OK = shutil.which("bwrap") is not None and _environment().bwrap_status()[0]
@@ -91,3 +92,13 @@ def test_sandbox_key_is_validated() -> None:
     assert load_config(None, ["data.sandbox=bwrap"]).data.sandbox == "bwrap"
     with pytest.raises(ValueError, match="data.sandbox"):
         load_config(None, ["data.sandbox=docker"])
+
+
+def test_a_user_code_reward_without_sandbox_stops_the_run(no_bwrap: None) -> None:
+    # reward errors normally score 0 and are counted; a missing sandbox must not become that
+    def user_reward(completion: str, answer: str) -> float:
+        return code_reward(completion, answer)
+
+    with pytest.raises(SandboxUnavailableError):
+        score_rewards(user_reward, ["x = 1"], ["assert x == 1"])
+    assert score_rewards(lambda c, a: 1 / 0, ["x"], ["y"])[1] == 1  # other errors: counted
