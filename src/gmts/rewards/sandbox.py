@@ -433,7 +433,7 @@ def check_sandbox(backend: str | None = None) -> str:
         return chosen
     works, reason = environment.bwrap_status()
     if not works:
-        installed = bool(environment.bwrap_path) and sys.platform.startswith("linux")
+        installed = bool(environment.bwrap_path)  # found on PATH (Linux), then failed its probe
         raise SandboxUnavailableError(_unavailable_message(reason, installed))
     return chosen
 
