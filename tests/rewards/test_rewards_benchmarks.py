@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -53,27 +54,33 @@ def _break(code: str) -> str:
     return "\n".join(lines)
 
 
-def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(shared_data: Path) -> None:
+def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(
+    shared_data: Path, trusted_code_sandbox: str
+) -> None:
     problems = _sample(load_benchmark("humaneval", data_dir=shared_data), 10, seed=0)
+    run = functools.partial(code_reward, timeout=20, backend=trusted_code_sandbox)
     for problem in problems:
         full = problem.meta["prompt"] + problem.meta["canonical_solution"]
         program, tests = humaneval_program(_fenced(full), problem)
-        assert code_reward(program, tests, timeout=20) == 1.0, problem.id
+        assert run(program, tests) == 1.0, problem.id
         # the body alone (no def line) continues the prompt
         program, tests = humaneval_program(problem.meta["canonical_solution"], problem)
-        assert code_reward(program, tests, timeout=20) == 1.0, problem.id
+        assert run(program, tests) == 1.0, problem.id
     for problem in problems[:5]:
         broken = _break(problem.meta["prompt"] + problem.meta["canonical_solution"])
         program, tests = humaneval_program(_fenced(broken), problem)
-        assert code_reward(program, tests, timeout=20) == 0.0, problem.id
+        assert run(program, tests) == 0.0, problem.id
 
 
-def test_mbpp_canonical_solutions_pass_and_broken_ones_fail(shared_data: Path) -> None:
+def test_mbpp_canonical_solutions_pass_and_broken_ones_fail(
+    shared_data: Path, trusted_code_sandbox: str
+) -> None:
     problems = _sample(load_benchmark("mbpp", data_dir=shared_data), 10, seed=0)
+    run = functools.partial(code_reward, timeout=20, backend=trusted_code_sandbox)
     for problem in problems:
         program, tests = mbpp_program(_fenced(problem.meta["canonical_solution"]), problem)
-        assert code_reward(program, tests, timeout=20) == 1.0, problem.id
+        assert run(program, tests) == 1.0, problem.id
     for problem in problems[:5]:
         broken = _break(problem.meta["canonical_solution"])
         program, tests = mbpp_program(_fenced(broken), problem)
-        assert code_reward(program, tests, timeout=20) == 0.0, problem.id
+        assert run(program, tests) == 0.0, problem.id
