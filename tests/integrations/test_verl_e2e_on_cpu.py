@@ -66,7 +66,7 @@ def _run(folder: Path, use_v1: bool) -> tuple[int, str, float]:
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=HERE.parents[1],
+            cwd=folder,  # Hydra writes its outputs/ run folder into the working directory
             start_new_session=True,
         )
         try:
