@@ -275,10 +275,13 @@ def test_bfloat16_with_gradient_checkpointing_runs(tiny_dir, tmp_path):
         "optim.micro_batch_size=4",
     )
     trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
-    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+    # mixed precision: float32 master weights, AdamW state and gradients; bf16 compute
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
     before = _tiny.params_vector(trainer.model)
     trainer.run()
     assert not torch.equal(before, _tiny.params_vector(trainer.model))
+    moments = [v for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert moments and {m.dtype for m in moments} == {torch.float32}
     (row,) = read_metrics(tmp_path / "run")
     assert row["update/skipped_nonfinite"] == 0
 

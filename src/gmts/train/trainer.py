@@ -22,18 +22,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from gmts.train import checkpoint as ckpt
 from gmts.train.batch import TrainBatch
 from gmts.train.collect import collect_batch
-from gmts.train.config import TrainConfig, config_to_dict, dump_yaml
+from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, config_to_dict, dump_yaml
+from gmts.train.context import check_fits, context_limit, longest_prompt
 from gmts.train.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -41,8 +44,10 @@ from gmts.train.distributed import (
     init_distributed,
     resolve_device,
 )
+from gmts.train.memory_plan import MemoryPlan, PlanSettings, check_fits_device, plan_memory
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
-from gmts.train.policy import load_policy, resolve_model_path
+from gmts.train.policy import load_model, load_tokenizer, resolve_model_path
+from gmts.train.precision import Precision
 from gmts.train.sources import (
     DatasetSource,
     QuestionSource,
@@ -51,6 +56,7 @@ from gmts.train.sources import (
     dataset_reward,
     load_examples,
 )
+from gmts.train.strategy import make_strategy
 from gmts.train.update import (
     UpdateSettings,
     batched_statistics,
@@ -128,7 +134,7 @@ class Trainer:
                 answer_field=cfg.data.answer_field,
             )
             self.reward_fn = reward_fn or dataset_reward(cfg.data.reward)
-            self.max_new_tokens = r.max_response_length or 1024
+            self.max_new_tokens = r.max_response_length or DATASET_MAX_NEW_TOKENS
 
         # The model: rank 0 builds/caches the embedded warm start first, then the others.
         if self.info.is_main:
@@ -138,12 +144,7 @@ class Trainer:
             base_path = resolve_model_path(cfg)
         self.resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
         load_path = str(self.resume_from / "model") if self.resume_from else base_path
-        self.model, self.tokenizer = load_policy(load_path, cfg, self.device)
-        self.ref_model = None
-        if cfg.objective.kl_coef > 0:  # the reference is always the starting policy
-            self.ref_model, _ = load_policy(base_path, cfg, self.device)
-            self.ref_model.eval().requires_grad_(False)
-
+        self.tokenizer = load_tokenizer(load_path, cfg)
         if examples is not None:  # prompts are rendered with the model's tokenizer
             self.source = DatasetSource(
                 examples,
@@ -154,12 +155,33 @@ class Trainer:
                 seed=cfg.seed,
             )
 
+        # Before any weight is read: does the longest prompt + the budget fit the model, and
+        # does the run fit the device?
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(
+            load_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+        self.prompt_tokens = self._check_context(model_config, load_path)
+        self.memory_plan = self._plan_memory(model_config, show)
+
+        self.precision = Precision.from_name(cfg.model.dtype)
+        self.strategy = make_strategy(
+            cfg.distributed.strategy, self.info, self.precision, self.device
+        )
+        # master weights in float32 whatever model.dtype says (precision.py)
+        self.model = self.strategy.prepare_policy(load_model(load_path, cfg, torch.float32))
+        self.ref_model = None
+        if cfg.objective.kl_coef > 0:  # the reference is always the starting policy
+            ref = load_model(base_path, cfg, self.precision.compute).requires_grad_(False)
+            self.ref_model = self.strategy.prepare_reference(ref.eval())
+
         # Optimisation.
         self.minibatches = r.questions_per_batch // cfg.mini_batch_questions
         self.total_opt_steps = cfg.optim.steps * self.minibatches * cfg.optim.epochs
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params,
+            params,  # float32 master weights: the AdamW state is float32 too
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             eps=cfg.optim.eps,
@@ -181,7 +203,13 @@ class Trainer:
         self.skipped_total = 0
         if self.resume_from is not None:
             state = ckpt.load_trainer_state(self.resume_from)
-            self.optimizer.load_state_dict(state["optimizer"])
+            saved = state.get("strategy", "replicate")
+            if saved != cfg.distributed.strategy:
+                raise ValueError(
+                    f"--resume: {self.resume_from} was written with distributed.strategy="
+                    f"{saved}; resume it with the same strategy"
+                )
+            self.strategy.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.source.load_state_dict(state["source"])
             ckpt.restore_rng_state(state["rng"])
@@ -202,20 +230,85 @@ class Trainer:
             truncate_metrics(self.run_dir, last, EVAL_FILE)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
+    def _check_context(self, model_config: Any, path: str) -> int:
+        """The longest prompt in tokens, after checking that it plus the generation budget fits
+        the model's positions (:mod:`gmts.train.context`); raises ContextError otherwise."""
+        cfg = self.cfg
+        limit = context_limit(model_config, self.tokenizer, where=path)
+        if isinstance(self.source, DatasetSource):
+            src = self.source
+            longest = src.longest_prompt
+            kept = len(src.problems)
+            what = (
+                f"data.dataset {cfg.data.dataset} ({kept} prompts kept; "
+                f"{src.skipped_too_long} longer than rollout.max_prompt_length="
+                f"{cfg.rollout.max_prompt_length} dropped at load)"
+            )
+            settings = "rollout.max_prompt_length (longer prompts are dropped) or " + (
+                "rollout.max_response_length"
+                if cfg.rollout.max_response_length
+                else f"rollout.max_response_length (null: {DATASET_MAX_NEW_TOKENS} for datasets)"
+            )
+            if self.info.is_main and src.skipped_too_long:
+                print(
+                    f"data: dropped {src.skipped_too_long} of {kept + src.skipped_too_long} "
+                    f"prompts longer than rollout.max_prompt_length="
+                    f"{cfg.rollout.max_prompt_length} tokens",
+                    file=sys.stderr,
+                )
+        else:
+            assert self.task is not None
+            prompts = [p.prompt for p in self.task.held_out(64)]
+            prompts += [p.prompt for p in self.task.sample(64, random.Random(0))]
+            longest = longest_prompt(self.tokenizer, prompts)
+            what = f"data.task {cfg.data.task}"
+            settings = "rollout.max_response_length"
+        check_fits(
+            prompt_tokens=longest,
+            new_tokens=self.max_new_tokens,
+            limit=limit,
+            what=what,
+            settings=settings,
+        )
+        return longest
+
+    def _plan_memory(self, model_config: Any, show: bool) -> MemoryPlan | None:
+        """The per-rank memory plan (printed by rank 0); on CUDA, refuse a run that does not
+        fit (``distributed.check_memory``)."""
+        settings = PlanSettings.from_config(
+            self.cfg,
+            world_size=self.info.world_size,
+            prompt_length=self.prompt_tokens,
+            response_length=self.max_new_tokens,
+        )
+        try:
+            plan = plan_memory(model_config, settings)
+        except Exception as exc:  # an architecture the probe cannot build: say so, go on
+            if self.info.is_main:
+                print(f"memory plan unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return None
+        if self.info.is_main:
+            print(plan.table(), file=sys.stderr)
+        if self.device.type == "cuda" and self.cfg.distributed.check_memory:
+            props = torch.cuda.get_device_properties(self.device)
+            check_fits_device(plan, props.total_memory, f"{self.device} ({props.name})")
+        return plan
+
     def collect(self, step: int) -> tuple[TrainBatch, dict[str, float]]:
         """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
-        return collect_batch(
-            self.model,
-            self.tokenizer,
-            self.source,
-            self.reward_fn,
-            self.cfg.rollout,
-            seed=self.cfg.seed,
-            step=step,
-            max_new_tokens=self.max_new_tokens,
-            info=self.info,
-            device=self.device,
-        )
+        with self.strategy.sampling(self.model):
+            return collect_batch(
+                self.model,
+                self.tokenizer,
+                self.source,
+                self.reward_fn,
+                self.cfg.rollout,
+                seed=self.cfg.seed,
+                step=step,
+                max_new_tokens=self.max_new_tokens,
+                info=self.info,
+                device=self.device,
+            )
 
     # ------------------------------------------------------------------ one step
 
@@ -226,9 +319,15 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         micro = cfg.optim.micro_batch_size
         temp, chunk = cfg.rollout.temperature, cfg.model.logits_chunk_size
+        autocast = self.strategy.autocast
         if self.ref_model is not None:
             batch.ref_logprobs = batched_statistics(
-                self.ref_model, batch, micro_batch_size=micro, temperature=temp, chunk_size=chunk
+                self.ref_model,
+                batch,
+                micro_batch_size=micro,
+                temperature=temp,
+                chunk_size=chunk,
+                autocast=autocast,
             ).logprobs
         # One update on one micro-batch: the loss's own forward pass gives the old log-probs
         # (update_minibatch's single-pass mode). Otherwise a no-grad pass, micro-batched.
@@ -241,6 +340,7 @@ class Trainer:
                 temperature=temp,
                 chunk_size=chunk,
                 logit_grad_norm=needs_logit_grad_norm(cfg.selection),
+                autocast=autocast,
             )
             batch.set_old_statistics(old)
 
@@ -263,6 +363,7 @@ class Trainer:
                     info=self.info,
                     step=opt_step,
                     current=current,
+                    strategy=self.strategy,
                 )
                 with warnings.catch_warnings():  # a skipped (non-finite) step still advances
                     warnings.simplefilter("ignore", UserWarning)
@@ -300,26 +401,30 @@ class Trainer:
         if self.task is None or d.eval_questions == 0:
             return None
         result = None
-        if self.info.is_main:
-            from gmts.train.evaluation import evaluate_policy
+        with self.strategy.sampling(self.model):  # every rank enters; rank 0 samples
+            if self.info.is_main:
+                from gmts.train.evaluation import evaluate_policy
 
-            result = evaluate_policy(
-                self.model,
-                self.tokenizer,
-                self.task,
-                n_questions=d.eval_questions,
-                k=d.eval_samples,
-                seed=self.cfg.seed,
-                batch_size=self.cfg.rollout.generation_batch_size,
-            )
-        barrier(self.info)
+                result = evaluate_policy(
+                    self.model,
+                    self.tokenizer,
+                    self.task,
+                    n_questions=d.eval_questions,
+                    k=d.eval_samples,
+                    seed=self.cfg.seed,
+                    batch_size=self.cfg.rollout.generation_batch_size,
+                )
         return result
 
     def save(self) -> None:
+        # collective under fsdp (whole state dicts gathered on rank 0)
+        weights = self.strategy.full_weights(self.model)
+        optimizer_state = self.strategy.optimizer_state(self.model, self.optimizer)
         if self.info.is_main:
             state = {
                 "step": self.step,
-                "optimizer": self.optimizer.state_dict(),
+                "strategy": self.cfg.distributed.strategy,
+                "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(),
                 "source": self.source.state_dict(),
                 "rng": ckpt.capture_rng_state(),
@@ -330,6 +435,7 @@ class Trainer:
                 self.run_dir,
                 self.step,
                 model=self.model,
+                weights=weights,
                 tokenizer=self.tokenizer,
                 trainer_state=state,
                 keep=self.cfg.checkpoint.keep,

@@ -13,8 +13,10 @@ The order matters for exactness:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,8 +32,10 @@ from gmts.core.scores import SCORE_REQUIREMENTS, ScoreInputs, compute_scores
 from gmts.core.selection import select_tokens
 from gmts.core.step import select_for_update
 from gmts.train.batch import TrainBatch
-from gmts.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
+from gmts.train.distributed import DistInfo, all_reduce_sum
+from gmts.train.precision import Precision
 from gmts.train.sequences import position_ids_from_mask
+from gmts.train.strategy import Replicate, Strategy
 
 
 @dataclass(frozen=True)
@@ -65,23 +69,27 @@ def policy_statistics(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     logit_grad_norm: bool = False,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> TokenStatistics:
     """Per-token log-probs / entropies of ``batch.response_ids`` under ``model``: ``(B, T)``.
 
     Only the logits of the response positions are materialised (``logits_to_keep``).
-    Position ids follow the attention mask, so left padding does not shift positions.
+    Position ids follow the attention mask, so left padding does not shift positions. The
+    model's forward runs inside ``autocast()`` (the strategy's compute dtype); the log-probs
+    and entropies are reduced in float32 outside it.
     """
     input_ids = batch.input_ids  # (B, P + T)
     attention_mask = batch.attention_mask  # (B, P + T)
     position_ids = position_ids_from_mask(attention_mask)  # (B, P + T), as at sampling time
     T = batch.response_ids.shape[1]
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=T + 1,
-        use_cache=False,
-    )
+    with autocast():
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=T + 1,
+            use_cache=False,
+        )
     logits = out.logits[:, :-1]  # (B, T, V): position P-1+t predicts response token t
     return token_statistics(
         logits,
@@ -101,6 +109,7 @@ def batched_statistics(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     logit_grad_norm: bool = False,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> TokenStatistics:
     """:func:`policy_statistics` without gradients, micro-batched, concatenated: ``(B, T)``."""
     parts = [
@@ -110,6 +119,7 @@ def batched_statistics(
             temperature=temperature,
             chunk_size=chunk_size,
             logit_grad_norm=logit_grad_norm,
+            autocast=autocast,
         )
         for s in micro_slices(batch.num_rows, micro_batch_size)
     ]
@@ -216,6 +226,7 @@ def update_minibatch(
     info: DistInfo,
     step: int,
     current: TokenStatistics | None = None,
+    strategy: Strategy | None = None,
 ) -> tuple[dict[str, float], torch.Tensor | None]:
     """One optimizer step on ``batch`` (this rank's share of one mini-batch).
 
@@ -228,6 +239,8 @@ def update_minibatch(
         current: the current policy's no-grad statistics of ``batch`` if already known (the
             first mini-batch after a rollout); None computes them when the score needs them.
         step: the optimizer-step index (seeds the random score).
+        strategy: how the model is laid out over the ranks (autocast, gradient reduction,
+            clipping); None: ``replicate`` in float32.
 
     Returns:
         ``(metrics, selected)``: metrics (global over ranks where noted;
@@ -239,6 +252,9 @@ def update_minibatch(
     objective = settings.objective
     group = info.group
     mask = batch.response_mask
+    if strategy is None:
+        strategy = Replicate(info, Precision(), mask.device)
+    autocast = strategy.autocast
     fused = None  # statistics with gradients, reused by the loss (single-pass mode)
     if batch.old_logprobs is None:
         if batch.num_rows > settings.micro_batch_size:
@@ -249,6 +265,7 @@ def update_minibatch(
             temperature=settings.temperature,
             chunk_size=settings.chunk_size,
             logit_grad_norm=needs_logit_grad_norm(sel),
+            autocast=autocast,
         )
         batch.old_logprobs = fused.logprobs.detach()
         batch.old_entropy = fused.entropy
@@ -261,6 +278,7 @@ def update_minibatch(
             temperature=settings.temperature,
             chunk_size=settings.chunk_size,
             logit_grad_norm=needs_logit_grad_norm(sel),
+            autocast=autocast,
         )
     selected = _select(settings, batch, current, info, step)
     metrics: dict[str, float] = {}
@@ -273,7 +291,9 @@ def update_minibatch(
     if objective.kl_coef > 0 and kl_tokens == "all" and selected is not None:
         kl_denominator = loss_denominator(mask, None, objective.aggregation, "all", group)
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    # the optimizer's own list: under FSDP, model.parameters() can be the gathered (unsharded)
+    # tensors between a forward and its backward; the sharded ones hold the gradients
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     optimizer.zero_grad(set_to_none=True)
     finite = True
     loss_total = 0.0
@@ -282,7 +302,11 @@ def update_minibatch(
     for s in micro_slices(batch.num_rows, settings.micro_batch_size):
         micro = batch.rows(s)
         stats = fused or policy_statistics(
-            model, micro, temperature=settings.temperature, chunk_size=settings.chunk_size
+            model,
+            micro,
+            temperature=settings.temperature,
+            chunk_size=settings.chunk_size,
+            autocast=autocast,
         )
         loss, loss_metrics = policy_loss(
             stats.logprobs,
@@ -297,9 +321,9 @@ def update_minibatch(
             kl_denominator=kl_denominator,
             **objective.loss_kwargs(),
         )
-        if not torch.isfinite(loss):
-            finite = False
-            continue  # keep going: every rank must reach the same collectives
+        # backward even when not finite: every rank must reach the same collectives (FSDP's
+        # reduce-scatters run inside backward); the step is then skipped on every rank
+        finite = finite and bool(torch.isfinite(loss))
         loss.backward()
         loss_total += float(loss.detach())
         w = float(micro.response_mask.sum())
@@ -309,14 +333,12 @@ def update_minibatch(
             if v is not None and math.isfinite(v):
                 weighted[k] = weighted.get(k, 0.0) + w * v
 
-    all_reduce_gradients(params, info)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        params, settings.grad_clip if settings.grad_clip else float("inf")
-    )
+    strategy.reduce_gradients(params)
+    grad_norm = strategy.clip_grad_norm(params, settings.grad_clip)
     flags = all_reduce_sum(
         torch.tensor([0.0 if finite else 1.0, loss_total], dtype=torch.float64), info
     )
-    finite = finite and flags[0].item() == 0 and bool(torch.isfinite(grad_norm))
+    finite = finite and flags[0].item() == 0 and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

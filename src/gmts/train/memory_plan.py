@@ -1,0 +1,473 @@
+"""A per-rank memory plan, made before any weight is loaded.
+
+From the model's ``config.json`` alone (``AutoConfig``; no weights), the world size, the
+distributed strategy, the precision and the batch shapes, :func:`plan_memory` estimates the
+bytes each rank needs in the four phases of a training step and takes the largest:
+
+- **rollout**: master weights + AdamW state (+ the reference model) + the copy of the weights
+  that sampling runs on + the KV cache of ``generation_batch_size`` rows of prompt + response
+  + the prefill's working set;
+- **scoring** (old / reference log-probs, no grad): weights + one micro-batch's logits;
+- **update** (forward + backward of one micro-batch): weights + gradients + AdamW state + the
+  compute copy + saved activations + the logits and their gradient + the float32 blocks of
+  :mod:`gmts.core.logprobs`;
+- **optimizer step**: weights + gradients + AdamW state + the step's float32 temporaries.
+
+Where the numbers come from:
+
+- Parameter counts are exact: the model is built on the ``meta`` device from its config
+  (no memory, no weights) and its parameters are counted, per decoder layer and outside them.
+- Activation bytes per token are measured, not guessed: a narrow copy of the architecture
+  (heads, key-value heads, hidden and MLP widths divided by one factor, head size kept, a
+  small vocabulary; 1 and 2 layers) runs one real forward on the CPU in the run's precision,
+  and every tensor autograd saves is counted once (parameters and their casts excluded). Every
+  saved activation of a decoder layer is linear in those widths, so the count scales back up
+  exactly; attention is assumed to use a fused kernel (no length x length matrix), as SDPA
+  does on CUDA.
+- The strategy's layout (what is sharded, what is gathered) comes from the strategy class
+  (:meth:`gmts.train.strategy.Strategy.layout`).
+
+The plan is an estimate: allocator fragmentation, CUDA context and NCCL buffers are not in it
+(:data:`DEVICE_HEADROOM` leaves room for them when checking against a GPU). Its agreement with
+measured peaks is stated in docs/training.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+GIB = 2**30
+DEVICE_HEADROOM = 0.92
+"""Fraction of a GPU's memory the plan may fill (the rest: CUDA context, NCCL, fragmentation)."""
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs to know about a causal LM, from its config.
+
+    Attributes:
+        params: trainable parameters (tied weights counted once).
+        layer_params: parameters of one decoder layer.
+        root_params: parameters outside the decoder layers (embeddings, final norm, head).
+        layers, hidden, heads, kv_heads, head_dim, vocab: the config's sizes.
+        max_positions: ``max_position_embeddings`` (None when the config has none).
+    """
+
+    params: int
+    layer_params: int
+    root_params: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int | None
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelShape:
+        """Count the parameters of ``config``'s causal LM built on the meta device."""
+        from gmts.train.layers import decoder_layers
+
+        model = _meta_model(config)
+        params = sum(p.numel() for p in model.parameters())
+        layers = decoder_layers(model)
+        layer_params = sum(p.numel() for p in layers[0].parameters())
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        positions = getattr(config, "max_position_embeddings", None)
+        return cls(
+            params=params,
+            layer_params=layer_params,
+            root_params=params - layer_params * len(layers),
+            layers=len(layers),
+            hidden=config.hidden_size,
+            heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            vocab=config.vocab_size,
+            max_positions=positions if isinstance(positions, int) else None,
+        )
+
+
+def _meta_model(config: Any) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True)
+class ActivationCost:
+    """Bytes that one token costs in training forward passes (measured; see module doc).
+
+    Attributes:
+        per_layer: saved for backward inside one decoder layer.
+        outside: saved outside the decoder layers (embeddings, final norm; not the logits).
+        stream: one residual-stream vector (what gradient checkpointing keeps per layer).
+    """
+
+    per_layer: float
+    outside: float
+    stream: float
+
+
+def _narrow_config(config: Any, layers: int) -> tuple[Any, int]:
+    """A copy of ``config`` with ``layers`` layers, widths divided by a common factor ``k``
+    (head size kept) and a small vocabulary; returns ``(config, k)``."""
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    common = math.gcd(heads, kv)  # k must divide both head counts
+    k = max(
+        d
+        for d in range(1, common + 1)
+        if common % d == 0 and (d == 1 or config.hidden_size // d >= 64)
+    )
+    raw = config.to_dict()
+    raw.pop("architectures", None)
+    changes: dict[str, Any] = {
+        "num_hidden_layers": layers,
+        "hidden_size": config.hidden_size // k,
+        "num_attention_heads": heads // k,
+        "vocab_size": 256,
+        "tie_word_embeddings": getattr(config, "tie_word_embeddings", False),
+    }
+    if hasattr(config, "num_key_value_heads"):
+        changes["num_key_value_heads"] = kv // k
+    if getattr(config, "head_dim", None) is not None or config.hidden_size // heads != head_dim:
+        changes["head_dim"] = head_dim
+    inner = getattr(config, "intermediate_size", None)
+    if inner:
+        changes["intermediate_size"] = inner // k
+    if getattr(config, "n_inner", None):
+        changes["n_inner"] = config.n_inner // k
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if raw.get(key) is not None:
+            changes[key] = 0  # inside the small vocabulary
+    if isinstance(getattr(config, "layer_types", None), list):
+        changes["layer_types"] = list(config.layer_types[:layers])
+    attribute_map = getattr(type(config), "attribute_map", {})
+    for key, value in changes.items():  # GPT-2 spells hidden_size n_embd, ...
+        raw[attribute_map.get(key, key)] = value
+    narrow = type(config).from_dict(raw)
+    return narrow, k
+
+
+_VIEWS_AND_CASTS = frozenset(
+    {
+        "ToCopyBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "PermuteBackward0",
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ExpandBackward0",
+        "AliasBackward0",
+    }
+)
+
+
+def _from_parameter(fn: Any) -> bool:
+    """Whether a saved tensor is a parameter seen through casts and views (autocast's bf16
+    weight copies: the strategy's compute copy, not an activation)."""
+    while fn is not None:
+        name = type(fn).__name__
+        if name == "AccumulateGrad":
+            return True
+        if name not in _VIEWS_AND_CASTS or not fn.next_functions:
+            return False
+        fn = fn.next_functions[0][0]
+    return False
+
+
+def _saved_bytes(
+    model: torch.nn.Module, tokens: int, autocast: torch.dtype | None
+) -> tuple[int, int]:
+    """(bytes autograd saves in one forward of ``tokens`` tokens, bytes of one decoder-layer
+    output vector per token)."""
+    from gmts.train.layers import decoder_layers
+
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in param_storages and not _from_parameter(t.grad_fn):
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    stream: dict[str, int] = {}
+    layer = decoder_layers(model)[0]
+
+    def on_output(_module: Any, _inputs: Any, output: Any) -> None:
+        out = output[0] if isinstance(output, tuple) else output
+        stream["bytes"] = out.shape[-1] * out.element_size()
+
+    handle = layer.register_forward_hook(on_output)
+    ids = torch.arange(tokens).remainder(200)[None, :] + 10  # (1, tokens), ids in vocab
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+            model(input_ids=ids, logits_to_keep=1, use_cache=False)
+    finally:
+        handle.remove()
+    return sum(storages.values()), stream["bytes"]
+
+
+@functools.lru_cache(maxsize=64)
+def _activation_cost(config_json: str, config_class: str, mode: str) -> ActivationCost:
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = getattr(transformers, config_class).from_dict(json.loads(config_json))
+    tokens = 64
+    totals, stream = [], 0
+    for layers in (1, 2):
+        narrow, k = _narrow_config(config, layers)
+        param_dtype = torch.bfloat16 if mode == "bf16-params" else torch.float32
+        model = AutoModelForCausalLM.from_config(narrow, dtype=param_dtype)
+        model.train()
+        autocast = torch.bfloat16 if mode == "autocast" else None
+        saved, stream_bytes = _saved_bytes(model, tokens, autocast)
+        totals.append(saved * k / tokens)
+        stream = stream_bytes * k
+    per_layer = totals[1] - totals[0]
+    return ActivationCost(per_layer=per_layer, outside=totals[0] - per_layer, stream=stream)
+
+
+def activation_cost(config: Any, mode: str) -> ActivationCost:
+    """Measured activation bytes per token of ``config``'s architecture.
+
+    Args:
+        mode: ``"float32"`` (all float32), ``"autocast"`` (float32 parameters under bf16
+            autocast: the replicate strategy's mixed precision) or ``"bf16-params"`` (bf16
+            parameters: FSDP's mixed precision).
+    """
+    with torch.random.fork_rng(devices=[]):  # the probe's initialisation draws random numbers
+        return _activation_cost(config.to_json_string(), type(config).__name__, mode)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Bytes per rank that a strategy needs for the weights (see ``Strategy.layout``).
+
+    Attributes:
+        weights, gradients, optimizer: master weights, their gradients, AdamW's two moments.
+        compute_copy: weights in the compute dtype alive during a forward + backward.
+        sampling_copy: the weights sampling runs on (besides the master weights).
+        reference: the frozen reference model (0 when there is none).
+        step_temporaries: float32 temporaries of one AdamW step (torch's foreach AdamW).
+    """
+
+    weights: float
+    gradients: float
+    optimizer: float
+    compute_copy: float
+    sampling_copy: float
+    reference: float
+    step_temporaries: float
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The run settings that decide memory (one rank's view).
+
+    Attributes:
+        world_size: processes.
+        strategy: ``distributed.strategy``.
+        dtype: ``model.dtype`` (float32 / bfloat16).
+        micro_batch_size: rows per forward/backward.
+        prompt_length, response_length: the longest prompt and response, in tokens.
+        generation_rows: rows this rank generates at once.
+        logits_chunk_size: ``model.logits_chunk_size`` (None: the core's default).
+        gradient_checkpointing: recompute activations in backward.
+        reference: a frozen reference model is kept (KL > 0).
+    """
+
+    world_size: int
+    strategy: str
+    dtype: str
+    micro_batch_size: int
+    prompt_length: int
+    response_length: int
+    generation_rows: int
+    logits_chunk_size: int | None = None
+    gradient_checkpointing: bool = False
+    reference: bool = False
+
+    @classmethod
+    def from_config(
+        cls, cfg: Any, *, world_size: int, prompt_length: int, response_length: int
+    ) -> PlanSettings:
+        """The settings of a :class:`gmts.train.config.TrainConfig` on ``world_size`` ranks."""
+        r = cfg.rollout
+        rows = r.questions_per_batch // world_size * r.group_size
+        return cls(
+            world_size=world_size,
+            strategy=cfg.distributed.strategy,
+            dtype=cfg.model.dtype,
+            micro_batch_size=min(cfg.optim.micro_batch_size, rows),
+            prompt_length=prompt_length,
+            response_length=response_length,
+            generation_rows=min(r.generation_batch_size or rows, rows),
+            logits_chunk_size=cfg.model.logits_chunk_size,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            reference=cfg.objective.kl_coef > 0,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per rank, by phase and by part (every number in bytes).
+
+    ``phases`` maps a phase name to its parts (name -> bytes); ``peak`` is the largest phase
+    total and ``peak_phase`` its name.
+    """
+
+    shape: ModelShape
+    settings: PlanSettings
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def total(self, phase: str) -> float:
+        return sum(self.phases[phase].values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.total)
+
+    @property
+    def peak(self) -> float:
+        return self.total(self.peak_phase)
+
+    def table(self) -> str:
+        """A text table: one column per phase, one row per part, in GiB."""
+        names = list(self.phases)
+        parts = list(dict.fromkeys(p for ph in self.phases.values() for p in ph))
+        s = self.settings
+        head = (
+            f"memory plan per rank ({s.world_size} x {s.strategy}, {s.dtype}, "
+            f"{self.shape.params / 1e9:.2f}B parameters, micro-batch {s.micro_batch_size} x "
+            f"{s.prompt_length}+{s.response_length} tokens, {s.generation_rows} rows generated "
+            "at once), GiB:"
+        )
+        width = max(len(p) for p in [*parts, "total"]) + 2
+        lines = [head, "".ljust(width) + "".join(f"{n:>12}" for n in names)]
+        for part in parts:
+            cells = "".join(
+                f"{self.phases[n][part] / GIB:>12.2f}" if part in self.phases[n] else f"{'':>12}"
+                for n in names
+            )
+            lines.append(part.ljust(width) + cells)
+        lines.append("total".ljust(width) + "".join(f"{self.total(n) / GIB:>12.2f}" for n in names))
+        lines.append(f"peak: {self.peak / GIB:.2f} GiB ({self.peak_phase})")
+        return "\n".join(lines)
+
+
+def _mode(settings: PlanSettings) -> str:
+    if settings.dtype == "float32":
+        return "float32"
+    return "bf16-params" if settings.strategy == "fsdp" else "autocast"
+
+
+def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
+    """The per-rank memory plan of training ``config``'s model with ``settings``."""
+    from gmts.core.logprobs import default_chunk_size
+    from gmts.train.precision import Precision
+    from gmts.train.strategy import STRATEGIES
+
+    shape = ModelShape.from_config(config)
+    precision = Precision.from_name(settings.dtype)
+    cb = precision.compute_bytes
+    layout = STRATEGIES.get(settings.strategy).layout(shape, precision, settings)
+    act = activation_cost(config, _mode(settings))
+
+    s = settings
+    seq = s.prompt_length + s.response_length
+    tokens = s.micro_batch_size * seq
+    chunk = s.logits_chunk_size or default_chunk_size(shape.vocab)
+    logits = s.micro_batch_size * (s.response_length + 1) * shape.vocab * cb  # (mb, T+1, V)
+    blocks = 3 * min(chunk, s.micro_batch_size * s.response_length) * shape.vocab * 4
+    if s.gradient_checkpointing:
+        saved = tokens * (shape.layers * act.stream + act.per_layer + act.outside)
+    else:
+        saved = tokens * (shape.layers * act.per_layer + act.outside)
+    layer_work = tokens * act.per_layer  # one layer's activations/gradients in flight
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * cb
+    kv = s.generation_rows * seq * kv_per_token * (1 + 1 / shape.layers)  # + one layer's cat
+    # a no-grad forward keeps about half of what a training forward saves alive at once
+    # (the MLP's gate, up and product tensors); measured against peaks in docs/training.md
+    prefill = s.generation_rows * s.prompt_length * act.per_layer / 2
+    sample_logits = 3 * s.generation_rows * shape.vocab * 4
+
+    resident = {"weights": layout.weights, "optimizer": layout.optimizer}
+    if layout.reference:
+        resident["reference"] = layout.reference
+    phases = {
+        "rollout": {
+            **resident,
+            "sampling copy": layout.sampling_copy,
+            "KV cache": kv,
+            "working set": prefill + sample_logits,
+        },
+        "scoring": {
+            **resident,
+            "compute copy": layout.compute_copy,
+            "logits": logits + blocks,
+            "working set": layer_work / 2,
+        },
+        "update": {
+            **resident,
+            "gradients": layout.gradients,
+            "compute copy": layout.compute_copy,
+            "activations": saved,
+            "logits": 2 * logits + blocks,
+            "working set": layer_work,
+        },
+        "step": {
+            **resident,
+            "gradients": layout.gradients,
+            "working set": layout.step_temporaries,
+        },
+    }
+    return MemoryPlan(shape=shape, settings=settings, phases=phases)
+
+
+class MemoryPlanError(ValueError):
+    """The plan does not fit on the device (message names the knobs)."""
+
+
+KNOBS = (
+    "distributed.strategy=fsdp (with more GPUs), optim.micro_batch_size, "
+    "rollout.generation_batch_size, model.gradient_checkpointing=true, "
+    "model.logits_chunk_size, rollout.max_response_length / max_prompt_length "
+    "(or distributed.check_memory=false to start anyway)"
+)
+
+
+def check_fits_device(plan: MemoryPlan, device_bytes: int, device_name: str) -> None:
+    """Raise :class:`MemoryPlanError` when ``plan.peak`` exceeds
+    ``DEVICE_HEADROOM * device_bytes``."""
+    budget = DEVICE_HEADROOM * device_bytes
+    if plan.peak > budget:
+        raise MemoryPlanError(
+            f"the memory plan needs {plan.peak / GIB:.1f} GiB per rank in its {plan.peak_phase} "
+            f"phase but {device_name} has {device_bytes / GIB:.1f} GiB "
+            f"({DEVICE_HEADROOM:.0%} usable); lower it with {KNOBS}"
+        )
