@@ -73,7 +73,8 @@ def longest_prompt(tokenizer: Any, prompts: Iterable[str]) -> int:
     texts = list(prompts)
     if not texts:
         return 0
-    return max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+    return max(len(ids) for ids in encoded)
 
 
 def check_fits(
