@@ -79,18 +79,17 @@ def gmts_step(lp, old, ref, adv, mask, entropy, process_group=None):
         ref_logprobs=ref,
         process_group=process_group,
     )
-    den = None  # single process: policy_loss counts the selected tokens itself
-    if process_group is not None:
-        den = gmts.loss_denominator(mask, result.selected, "token-mean", "selected", process_group)
+    config = gmts.LossConfig(objective)
+    sums = gmts.TokenSums.count(mask, result.selected).all_reduce(process_group)
     loss, _ = gmts.policy_loss(
         lp,
         old,
         adv,
         mask,
+        config,
         ref_logprobs=ref,
         selected=result.selected,
-        denominator=den,
-        **objective.loss_kwargs(),
+        denominators=config.denominators(sums),
     )
     return result, loss
 
@@ -119,7 +118,7 @@ def main() -> None:
                     )
                     thr = gmts.selection_threshold(s, sel, largest=largest, process_group=pg)
                     results[(name, scope, largest, ratio)] = (sel, thr)
-        den = gmts.loss_denominator(m, None, "token-mean", "all", process_group=pg)
+        den = gmts.LossConfig().denominators(gmts.TokenSums.count(m).all_reduce(pg)).policy
         results[(name, "denominator")] = den
         # the whole step: GMTS selection + eq. 2 loss with the global denominator
         lp, old, ref, adv = step_inputs(seed, b, t)

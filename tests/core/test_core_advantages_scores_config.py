@@ -91,8 +91,9 @@ def test_registry_errors_and_requirements():
         gmts.compute_scores(
             "gmts", gmts.ScoreInputs(entropy=torch.ones(2, 2), omega=torch.ones(2, 3))
         )
-    assert gmts.SCORE_REQUIREMENTS["gmts"] == {"entropy", "omega"}
-    assert gmts.SCORE_REQUIREMENTS["entropy"] == {"entropy"}
+    assert gmts.score_requirements("gmts") == {"entropy", "omega"}
+    assert gmts.score_requirements("entropy") == {"entropy"}
+    assert gmts.score_requirements("none") == frozenset()
 
 
 def test_register_a_custom_score():
@@ -110,7 +111,6 @@ def test_register_a_custom_score():
         from gmts.core import scores
 
         scores._SCORES.remove(name)
-        scores.SCORE_REQUIREMENTS.pop(name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,12 +126,18 @@ def test_selection_config_defaults_presets_and_help():
         "selected",
         "selected",
     )
+    assert (cfg.unit, cfg.count, cfg.omega_weighting) == ("mini-batch", "ceil", False)
     assert gmts.SelectionConfig.preset("paper") == cfg
+    # the authors' code: GMTS per question group, ETS over the whole mini-batch
     ref = gmts.SelectionConfig.preset("reference-code")
     assert (ref.scope, ref.normalize, ref.kl_tokens) == ("group", "all", "all")
+    assert (ref.count, ref.omega_weighting, ref.unit) == ("floor", True, "mini-batch")
+    ref_ets = gmts.SelectionConfig.preset("reference-code", score="entropy")
+    assert ref_ets.scope == "batch"
     trl = gmts.SelectionConfig.preset("trl", score="entropy", ratio=0.5)
-    assert (trl.scope, trl.normalize, trl.kl_tokens, trl.score, trl.ratio) == (
+    assert (trl.scope, trl.unit, trl.normalize, trl.kl_tokens, trl.score, trl.ratio) == (
         "batch",
+        "micro-batch",
         "all",
         "all",
         "entropy",
@@ -153,6 +159,9 @@ def test_selection_config_defaults_presets_and_help():
         ({"normalize": "none"}, "normalize"),
         ({"kl_tokens": "some"}, "kl_tokens"),
         ({"largest": "yes"}, "largest"),
+        ({"unit": "step"}, "unit"),
+        ({"count": "round"}, "count"),
+        ({"omega_weighting": 1}, "omega_weighting"),
         ({"seed": 1.5}, "seed"),
     ],
 )
@@ -244,15 +253,14 @@ def test_selection_then_loss_end_to_end():
     batch = _step_batch(2)
     objective = gmts.ObjectiveConfig.preset("dapo")
     result = gmts.select_for_update(gmts.SelectionConfig(), objective, **batch)
-    loss, metrics = gmts.policy_loss(
+    loss, sums = gmts.policy_loss(
         batch["logprobs"],
         batch["old_logprobs"],
         batch["advantages"],
         batch["response_mask"],
+        gmts.LossConfig.of(objective, gmts.SelectionConfig()),
         selected=result.selected,
-        scores=result.scores,
         entropy=batch["entropy"],
-        **objective.loss_kwargs(),
     )
     loss.backward()
     omega = gmts.gradient_coefficient(
@@ -264,6 +272,27 @@ def test_selection_then_loss_end_to_end():
     n_sel = int(result.selected.sum())
     expected = torch.where(result.selected, -omega / n_sel, 0.0)
     torch.testing.assert_close(batch["logprobs"].grad, expected)
-    assert metrics["score_threshold"] == pytest.approx(result.threshold)
+    assert result.threshold == pytest.approx(result.scores[result.selected].min().item())
     n_valid = int(batch["response_mask"].sum())
+    metrics = sums.metrics()
     assert metrics["selected_fraction"] == pytest.approx(math.ceil(0.2 * n_valid) / n_valid)
+
+
+def test_select_for_update_count_floor_and_omega_weighting():
+    """The authors' code: k = floor(rho N) and, under GRPO's aggregation, omega / |o_i|."""
+    batch = _step_batch(3)
+    objective = gmts.ObjectiveConfig.preset("grpo", kl_coef=0.0)
+    mask = batch["response_mask"]
+    cfg = gmts.SelectionConfig(ratio=0.3, count="floor", omega_weighting=True)
+    result = gmts.select_for_update(cfg, objective, **{**batch, "ref_logprobs": None})
+    omega = gmts.gradient_coefficient(
+        batch["logprobs"].detach(), batch["old_logprobs"], batch["advantages"]
+    )
+    lengths = mask.sum(-1, keepdim=True).clamp_min(1)
+    expected = (batch["entropy"] * omega / lengths).abs()
+    torch.testing.assert_close(result.scores[mask], expected[mask])  # padding is never read
+    n_valid = int(mask.sum())
+    assert int(result.selected.sum()) == math.floor(0.3 * n_valid)
+    # under token-mean the weight is 1: the ranking of plain |E * omega|
+    dapo = gmts.select_for_update(cfg, gmts.ObjectiveConfig.preset("dapo"), **batch)
+    torch.testing.assert_close(dapo.scores, (batch["entropy"] * omega).abs())

@@ -1,4 +1,4 @@
-"""omega against autograd, losses against hand-written formulas, micro-batching, metrics."""
+"""omega against autograd, losses against hand-written formulas, micro-batching, token sums."""
 
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ def test_omega_equals_autograd_of_the_reference_objective(o):
 
     # ... and of our own token objective (torch.where form), which policy_loss differentiates.
     lp_var = lp.clone().requires_grad_(True)
-    s, d, _ = token_objective(lp_var, old, adv, ref_logprobs=use_ref, **kw)
+    parts = token_objective(lp_var, old, adv, ref_logprobs=use_ref, **kw)
+    s, d = parts.surrogate, parts.kl
     (grad_own,) = torch.autograd.grad((s - o["kl_coef"] * d).sum(), lp_var)
     _check_close(omega, grad_own)
     # the two objectives agree in value
@@ -140,8 +141,9 @@ def test_omega_on_the_clip_boundaries(ratio, adv, dual, expected_active):
         assert torch.exp(lp).item() == ratio  # really on the boundary
     assert omega.item() == pytest.approx(r * adv if expected_active else 0.0, rel=1e-12)
     lp_var = lp.clone().requires_grad_(True)
-    s, _, _ = token_objective(lp_var, old, a, clip_low=0.2, clip_high=0.28, dual_clip=dual)
-    (grad,) = torch.autograd.grad(s.sum(), lp_var)
+    parts = token_objective(lp_var, old, a, clip_low=0.2, clip_high=0.28, dual_clip=dual)
+    (grad,) = torch.autograd.grad(parts.surrogate.sum(), lp_var)
+    assert bool(parts.clipped.item()) != expected_active
     assert grad.item() == pytest.approx(omega.item(), rel=1e-12, abs=0)
 
 
@@ -191,12 +193,41 @@ def _token_l(lp, old, ref, adv, beta, i, t):
     return s - beta * d, s, d
 
 
+def _loss(
+    lp,
+    old,
+    adv,
+    mask,
+    *,
+    selected=None,
+    ref=None,
+    entropy=None,
+    denominators=None,
+    normalize="selected",
+    kl_tokens="selected",
+    **objective,
+):
+    """policy_loss with the objective's fields as keywords (clip 0.2 / 0.28 by default)."""
+    config = gmts.LossConfig(
+        gmts.ObjectiveConfig(**objective), normalize=normalize, kl_tokens=kl_tokens
+    )
+    return gmts.policy_loss(
+        lp,
+        old,
+        adv,
+        mask,
+        config,
+        selected=selected,
+        ref_logprobs=ref,
+        entropy=entropy,
+        denominators=denominators,
+    )
+
+
 def test_grpo_eq1_seq_mean_token_mean():
     lp, old, ref, adv, mask, _ = _rows()
     beta = 0.05
-    loss, _ = gmts.policy_loss(
-        lp, old, adv, mask, ref_logprobs=ref, kl_coef=beta, aggregation="seq-mean-token-mean"
-    )
+    loss, _ = _loss(lp, old, adv, mask, ref=ref, kl_coef=beta, aggregation="seq-mean-token-mean")
     per_seq = []
     for i in range(lp.shape[0]):
         toks = [t for t in range(lp.shape[1]) if mask[i, t]]
@@ -207,7 +238,7 @@ def test_grpo_eq1_seq_mean_token_mean():
 
 def test_dapo_token_mean():
     lp, old, ref, adv, mask, _ = _rows()
-    loss, _ = gmts.policy_loss(lp, old, adv, mask, aggregation="token-mean")
+    loss, _ = _loss(lp, old, adv, mask, aggregation="token-mean")
     total, n = 0.0, 0
     for i, t in itertools.product(range(lp.shape[0]), range(lp.shape[1])):
         if mask[i, t]:
@@ -216,11 +247,14 @@ def test_dapo_token_mean():
     assert loss.item() == pytest.approx(-total / n, rel=1e-12)
 
 
-def test_gmts_eq2_selected_mean_with_kl_inside():
+@pytest.mark.parametrize("aggregation", list(gmts.AGGREGATIONS))
+def test_gmts_eq2_selected_mean_with_kl_inside(aggregation):
+    """Eq. 2 (1/S sum over the selected tokens of the batch, KL inside l) whatever the
+    objective's aggregation: GRPO's seq-mean-token-mean included."""
     lp, old, ref, adv, mask, sel = _rows()
     beta = 0.05
-    loss, metrics = gmts.policy_loss(
-        lp, old, adv, mask, ref_logprobs=ref, kl_coef=beta, selected=sel
+    loss, sums = _loss(
+        lp, old, adv, mask, ref=ref, kl_coef=beta, selected=sel, aggregation=aggregation
     )
     terms = [
         _token_l(lp, old, ref, adv, beta, i, t)[0]
@@ -228,19 +262,39 @@ def test_gmts_eq2_selected_mean_with_kl_inside():
         if sel[i, t] and mask[i, t]
     ]
     assert loss.item() == pytest.approx(-sum(terms) / len(terms), rel=1e-12)
-    assert metrics["selected_fraction"] == pytest.approx(len(terms) / int(mask.sum()))
+    assert sums.metrics()["selected_fraction"] == pytest.approx(len(terms) / int(mask.sum()))
+
+
+def test_grpo_eq2_weighs_every_selected_token_equally():
+    """The issue's example: one selected token in one row, nine in another. Under eq. 2 each
+    of the ten tokens gets gradient -omega / 10; a per-row mean would give the lone token 9x
+    the weight of each of the nine."""
+    t = 10
+    lp = torch.full((2, t), -1.0, dtype=torch.float64)
+    mask = torch.ones(2, t, dtype=torch.bool)
+    sel = torch.zeros(2, t, dtype=torch.bool)
+    sel[0, 0] = True
+    sel[1, :9] = True
+    adv = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    grpo = gmts.ObjectiveConfig.preset("grpo", kl_coef=0.0)
+    paper = gmts.SelectionConfig.preset("paper")
+    lp_var = lp.clone().requires_grad_(True)
+    loss, _ = gmts.policy_loss(lp_var, lp, adv, mask, gmts.LossConfig.of(grpo, paper), selected=sel)
+    (grad,) = torch.autograd.grad(loss, lp_var)
+    expected = torch.where(sel, torch.full_like(lp, -0.1), 0.0)
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=0)
 
 
 def test_trl_and_reference_code_normalisation():
     """normalize='all', kl_tokens='all': (1/N) sum over valid of (-s * sel + beta * D)."""
     lp, old, ref, adv, mask, sel = _rows()
     beta = 0.05
-    loss, _ = gmts.policy_loss(
+    loss, _ = _loss(
         lp,
         old,
         adv,
         mask,
-        ref_logprobs=ref,
+        ref=ref,
         kl_coef=beta,
         selected=sel,
         normalize="all",
@@ -259,12 +313,12 @@ def test_ets_code_normalisation():
     """normalize='selected', kl_tokens='all': selected-mean policy term + all-token-mean KL."""
     lp, old, ref, adv, mask, sel = _rows()
     beta = 0.05
-    loss, _ = gmts.policy_loss(
+    loss, _ = _loss(
         lp,
         old,
         adv,
         mask,
-        ref_logprobs=ref,
+        ref=ref,
         kl_coef=beta,
         selected=sel,
         normalize="selected",
@@ -285,7 +339,7 @@ def test_ets_code_normalisation():
 def test_reference_code_grpo_mode_seq_mean_normalize_all():
     """Authors' GRPO mode: unselected tokens get A = 0, per-sequence 1/(G |o_i|)."""
     lp, old, ref, adv, mask, sel = _rows()
-    loss, _ = gmts.policy_loss(
+    loss, _ = _loss(
         lp,
         old,
         adv,
@@ -309,12 +363,12 @@ def test_gradient_is_minus_omega_over_count():
     lp, old, ref, adv, mask, sel = _rows()
     beta = 0.1
     lp_var = lp.clone().requires_grad_(True)
-    loss, _ = gmts.policy_loss(
+    loss, _ = _loss(
         lp_var,
         old,
         adv,
         mask,
-        ref_logprobs=ref,
+        ref=ref,
         kl_coef=beta,
         selected=sel,
         kl_ratio_correction=True,
@@ -335,97 +389,109 @@ def test_gradient_is_minus_omega_over_count():
 def test_micro_batches_add_up_to_the_full_loss(aggregation, normalize, kl_tokens, with_selection):
     lp, old, ref, adv, mask, sel = _rows(b=4, t=6, seed=3)
     sel = sel if with_selection else None
-    kw = dict(
-        ref_logprobs=ref,
-        kl_coef=0.1,
-        aggregation=aggregation,
-        normalize=normalize,
-        kl_tokens=kl_tokens,
-    )
+    kw = dict(kl_coef=0.1, aggregation=aggregation, normalize=normalize, kl_tokens=kl_tokens)
     lp_full = lp.clone().requires_grad_(True)
-    full, _ = gmts.policy_loss(lp_full, old, adv, mask, selected=sel, **kw)
+    full, full_sums = _loss(lp_full, old, adv, mask, selected=sel, ref=ref, **kw)
     (g_full,) = torch.autograd.grad(full, lp_full)
 
-    den = gmts.loss_denominator(mask, sel, aggregation, normalize)
-    kl_den = gmts.loss_denominator(mask, None, aggregation, "all")
+    config = gmts.LossConfig(
+        gmts.ObjectiveConfig(kl_coef=0.1, aggregation=aggregation), normalize, kl_tokens
+    )
+    denominators = config.denominators(gmts.TokenSums.count(mask, sel))
     lp_micro = lp.clone().requires_grad_(True)
     total = 0.0
+    sums = None
     for rows in ([0], [1, 2], [3]):
-        loss, _ = gmts.policy_loss(
+        loss, part = _loss(
             lp_micro[rows],
             old[rows],
             adv[rows],
             mask[rows],
-            ref_logprobs=ref[rows],
-            kl_coef=0.1,
-            aggregation=aggregation,
-            normalize=normalize,
-            kl_tokens=kl_tokens,
             selected=sel[rows] if sel is not None else None,
-            denominator=den,
-            kl_denominator=kl_den,
+            ref=ref[rows],
+            denominators=denominators,
+            **kw,
         )
         total = total + loss
+        sums = part if sums is None else sums + part
     (g_micro,) = torch.autograd.grad(total, lp_micro)
     assert total.item() == pytest.approx(full.item(), rel=1e-12, abs=1e-15)
     torch.testing.assert_close(g_micro, g_full, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(sums.values, full_sums.values)  # sums add over micro-batches
 
 
-def test_missing_kl_denominator_is_an_error():
+@pytest.mark.parametrize(
+    "aggregation, normalize, kl_tokens, with_selection, policy, kl",
+    [
+        # eq. 2: S for the policy; the KL on every token is a token-mean over N
+        ("seq-mean-token-mean", "selected", "selected", True, "S", "S"),
+        ("seq-mean-token-mean", "selected", "all", True, "S", "N"),
+        ("token-mean", "selected", "all", True, "S", "N"),
+        # normalize='all': the objective's own divisor for both terms
+        ("token-mean", "all", "all", True, "N", "N"),
+        ("seq-mean-token-mean", "all", "selected", True, "R", "R"),
+        ("seq-mean-token-sum", "all", "all", True, "R", "R"),
+        ("sum", "all", "all", True, 1, 1),
+        # no selection: normalize and kl_tokens do not matter
+        ("seq-mean-token-mean", "selected", "all", False, "R", "R"),
+        ("token-mean", "selected", "all", False, "N", "N"),
+    ],
+)
+def test_the_divisor_rule(aggregation, normalize, kl_tokens, with_selection, policy, kl):
+    _, _, _, _, mask, sel = _rows()
+    counts = {"S": int(sel.sum()), "N": int(mask.sum()), "R": int(mask.any(-1).sum()), 1: 1}
+    config = gmts.LossConfig(gmts.ObjectiveConfig(aggregation=aggregation), normalize, kl_tokens)
+    den = config.denominators(gmts.TokenSums.count(mask, sel if with_selection else None))
+    assert (den.policy, den.kl) == (counts[policy], counts[kl])
+
+
+def test_token_sums_reduce_like_a_concatenated_batch():
     lp, old, ref, adv, mask, sel = _rows()
-    with pytest.raises(ValueError, match="kl_denominator"):
-        gmts.policy_loss(
-            lp,
-            old,
-            adv,
-            mask,
-            ref_logprobs=ref,
-            kl_coef=0.1,
-            selected=sel,
-            kl_tokens="all",
-            denominator=3.0,
-        )
+    halves = (slice(0, 2), slice(2, 4))
+    parts = [gmts.TokenSums.count(mask[h], sel[h]) for h in halves]
+    whole = gmts.TokenSums.count(mask, sel)
+    torch.testing.assert_close((parts[0] + parts[1]).values, whole.values)
+    doubled = whole.reduced(lambda v: v * 2)  # a stand-in collective over two equal ranks
+    assert doubled["selected_tokens"] == 2 * int(sel.sum())
+    assert whole.all_reduce(None)["valid_tokens"] == int(mask.sum())
+    with pytest.raises(ValueError, match="with and without a selection"):
+        _ = whole + gmts.TokenSums.count(mask)
 
 
-def test_metrics():
+def test_token_sums_metrics():
     lp, old, ref, adv, mask, sel = _rows()
     entropy = torch.rand(lp.shape, dtype=torch.float64)
-    scores = torch.rand(lp.shape, dtype=torch.float64)
-    _, m = gmts.policy_loss(
-        lp,
-        old,
-        adv,
-        mask,
-        ref_logprobs=ref,
-        kl_coef=0.1,
-        selected=sel,
-        entropy=entropy,
-        scores=scores,
-    )
+    _, sums = _loss(lp, old, adv, mask, ref=ref, kl_coef=0.1, selected=sel, entropy=entropy)
+    m = sums.metrics()
     sel = sel & mask
     assert m["entropy_mean"] == pytest.approx(entropy[mask].mean().item())
     assert m["entropy_selected_mean"] == pytest.approx(entropy[sel].mean().item())
-    assert m["score_threshold"] == pytest.approx(scores[sel].min().item())
     a = adv[:, None].expand_as(lp)
     assert m["positive_advantage_fraction_selected"] == pytest.approx(
         (a[sel] > 0).double().mean().item()
     )
     r = torch.exp(lp - old)
-    clipped = ((a > 0) & (r > 1.28)) | ((a < 0) & (r < 0.8))
+    low, high = (a < 0) & (r < 0.8), (a > 0) & (r > 1.28)
+    clipped = low | high
     assert m["clip_fraction"] == pytest.approx(clipped[mask].double().mean().item())
+    assert m["clip_low_fraction"] == pytest.approx(low[mask].double().mean().item())
+    assert m["clip_high_fraction"] == pytest.approx(high[mask].double().mean().item())
     assert m["clip_fraction_selected"] == pytest.approx(clipped[sel].double().mean().item())
     d = torch.exp(ref - lp) - (ref - lp) - 1
     assert m["kl_mean"] == pytest.approx(d[mask].mean().item())
     assert all(isinstance(v, float) for v in m.values())
+    counts_only = gmts.TokenSums.count(mask, sel).metrics()
+    assert set(counts_only) == {"selected_fraction"}  # nothing unmeasured is reported
 
 
 def test_all_masked_batch_gives_zero_loss_and_nan_means():
     lp, old, ref, adv, mask, _ = _rows()
     lp_var = lp.clone().requires_grad_(True)
     none = torch.zeros_like(mask)
-    loss, m = gmts.policy_loss(lp_var, old, adv, none)
+    loss, sums = _loss(lp_var, old, adv, none)
     loss.backward()
     assert loss.item() == 0.0 and bool((lp_var.grad == 0).all())
+    m = sums.metrics()
     assert math.isnan(m["selected_fraction"]) and math.isnan(m["clip_fraction"])
 
 
@@ -435,6 +501,8 @@ def test_objective_config_presets_and_validation():
     dapo = gmts.ObjectiveConfig.preset("dapo", clip_high=0.3)
     assert dapo.aggregation == "token-mean" and dapo.kl_coef == 0 and dapo.clip_high == 0.3
     for f in gmts.ObjectiveConfig.__dataclass_fields__.values():
+        assert f.metadata.get("help"), f.name
+    for f in gmts.LossConfig.__dataclass_fields__.values():
         assert f.metadata.get("help"), f.name
     with pytest.raises(ValueError, match="preset"):
         gmts.ObjectiveConfig.preset("ppo")
@@ -446,6 +514,29 @@ def test_objective_config_presets_and_validation():
         gmts.ObjectiveConfig(clip_low=-0.1)
     with pytest.raises(ValueError, match="unknown ObjectiveConfig fields"):
         gmts.ObjectiveConfig.preset("grpo", beta=1.0)
+    with pytest.raises(ValueError, match="normalize"):
+        gmts.LossConfig(normalize="none")
+    with pytest.raises(ValueError, match="kl_tokens"):
+        gmts.LossConfig(kl_tokens="none")
+    with pytest.raises(ValueError, match="objective"):
+        gmts.LossConfig(objective={"kl_coef": 0.1})
+
+
+def test_aggregation_registry():
+    assert gmts.AGGREGATIONS == (
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "sum",
+    )
+    assert gmts.get_aggregation("seq-mean-token-mean").divisor == "rows"
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    weights = gmts.get_aggregation("seq-mean-token-mean").token_weights(mask)
+    torch.testing.assert_close(weights, torch.tensor([[0.5, 0.5, 0], [1, 0, 0]]).double())
+    with pytest.raises(ValueError, match="valid aggregations: seq-mean-token-mean"):
+        gmts.get_aggregation("mean")
+    with pytest.raises(ValueError, match="already registered"):
+        gmts.register_aggregation(gmts.get_aggregation("sum"))
 
 
 def test_bad_inputs_name_the_argument():
@@ -460,14 +551,16 @@ def test_bad_inputs_name_the_argument():
         gmts.policy_loss(lp, old, adv, mask[:, :-1])
     with pytest.raises(ValueError, match="selected"):
         gmts.policy_loss(lp, old, adv, mask, selected=sel[:-1])
-    with pytest.raises(ValueError, match="aggregation"):
-        gmts.policy_loss(lp, old, adv, mask, aggregation="mean")
-    with pytest.raises(ValueError, match="normalize"):
-        gmts.policy_loss(lp, old, adv, mask, normalize="none")
-    with pytest.raises(ValueError, match="kl_tokens"):
-        gmts.policy_loss(lp, old, adv, mask, kl_tokens="none")
-    with pytest.raises(ValueError, match="denominator"):
-        gmts.policy_loss(lp, old, adv, mask, denominator=0.0)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        gmts.policy_loss(lp, old[:, :-1], adv, mask)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        _loss(lp, old, adv, mask, kl_coef=0.1)
+    with pytest.raises(ValueError, match="config must be a LossConfig"):
+        gmts.policy_loss(lp, old, adv, mask, gmts.ObjectiveConfig())
+    with pytest.raises(ValueError, match="denominators.policy"):
+        gmts.LossDenominators(policy=0.0, kl=1.0)
+    with pytest.raises(ValueError, match="denominators must be LossDenominators"):
+        gmts.policy_loss(lp, old, adv, mask, denominators=3.0)
 
 
 def _loop_loss(lp, old, ref, adv, mask, sel, beta, aggregation, normalize, kl_tokens):
@@ -475,31 +568,31 @@ def _loop_loss(lp, old, ref, adv, mask, sel, beta, aggregation, normalize, kl_to
     b, t = lp.shape
     s = [[_token_l(lp, old, ref, adv, beta, i, j)[1] for j in range(t)] for i in range(b)]
     d = [[_token_l(lp, old, ref, adv, beta, i, j)[2] for j in range(t)] for i in range(b)]
-    in_p = [
-        [bool(mask[i, j]) and (sel is None or bool(sel[i, j])) for j in range(t)] for i in range(b)
-    ]
     valid = [[bool(mask[i, j]) for j in range(t)] for i in range(b)]
-    in_c = in_p if (sel is not None and normalize == "selected") else valid
+    carries = [
+        [valid[i][j] and (sel is None or bool(sel[i, j])) for j in range(t)] for i in range(b)
+    ]
+    lengths = [sum(row) for row in valid]
+    n_valid = sum(lengths)
+    n_sel = sum(sum(row) for row in carries)
+    rows = sum(1 for n in lengths if n > 0)
 
-    def agg(x, xset, cset):
-        row_sums = [sum(x[i][j] for j in range(t) if xset[i][j]) for i in range(b)]
-        row_counts = [sum(cset[i]) for i in range(b)]
-        rows = sum(1 for c in row_counts if c > 0)
+    def term(x, where):
+        """Aggregate x over the tokens in ``where``."""
+        if sel is not None and normalize == "selected":  # eq. 2: token-mean
+            total = sum(x[i][j] for i in range(b) for j in range(t) if where[i][j])
+            return total / max(n_sel if where is carries else n_valid, 1)
+        sums = [sum(x[i][j] for j in range(t) if where[i][j]) for i in range(b)]
         if aggregation == "token-mean":
-            return sum(row_sums) / max(sum(row_counts), 1)
+            return sum(sums) / max(n_valid, 1)
         if aggregation == "seq-mean-token-mean":
-            return sum(r / max(c, 1) for r, c in zip(row_sums, row_counts)) / max(rows, 1)
+            return sum(r / max(n, 1) for r, n in zip(sums, lengths)) / max(rows, 1)
         if aggregation == "seq-mean-token-sum":
-            return sum(row_sums) / max(rows, 1)
-        return sum(row_sums)
+            return sum(sums) / max(rows, 1)
+        return sum(sums)
 
-    neg_s = [[-v for v in row] for row in s]
-    loss = agg(neg_s, in_p, in_c)
-    if kl_tokens == "selected":
-        loss += beta * agg(d, in_p, in_c)
-    else:
-        loss += beta * agg(d, valid, valid)
-    return loss
+    loss = term([[-v for v in row] for row in s], carries)
+    return loss + beta * term(d, carries if kl_tokens == "selected" else valid)
 
 
 @settings(max_examples=60, deadline=None)
@@ -516,12 +609,12 @@ def test_policy_loss_equals_the_loop_reference(
 ):
     lp, old, ref, adv, mask, sel = _rows(seed=seed)
     sel = sel if with_selection else None
-    loss, _ = gmts.policy_loss(
+    loss, _ = _loss(
         lp,
         old,
         adv,
         mask,
-        ref_logprobs=ref,
+        ref=ref,
         kl_coef=beta,
         selected=sel,
         aggregation=aggregation,
@@ -535,36 +628,17 @@ def test_policy_loss_equals_the_loop_reference(
 @pytest.mark.parametrize("garbage", [float("nan"), float("inf"), -float("inf"), 500.0])
 def test_garbage_at_padding_never_reaches_loss_or_gradients(garbage):
     lp, old, ref, adv, mask, sel = _rows()
+    kw = dict(kl_coef=0.1, kl_ratio_correction=True, selected=sel, kl_tokens="all")
     clean_lp = lp.clone().requires_grad_(True)
-    clean, clean_metrics = gmts.policy_loss(
-        clean_lp,
-        old,
-        adv,
-        mask,
-        ref_logprobs=ref,
-        kl_coef=0.1,
-        kl_ratio_correction=True,
-        selected=sel,
-        kl_tokens="all",
-    )
+    clean, clean_sums = _loss(clean_lp, old, adv, mask, ref=ref, **kw)
     clean.backward()
     pad = ~mask
     dirty_lp = torch.where(pad, garbage, lp).requires_grad_(True)
     dirty_old = torch.where(pad, -garbage, old)
     dirty_ref = torch.where(pad, garbage, ref)
-    dirty, metrics = gmts.policy_loss(
-        dirty_lp,
-        dirty_old,
-        adv,
-        mask,
-        ref_logprobs=dirty_ref,
-        kl_coef=0.1,
-        kl_ratio_correction=True,
-        selected=sel,
-        kl_tokens="all",
-    )
+    dirty, sums = _loss(dirty_lp, dirty_old, adv, mask, ref=dirty_ref, **kw)
     dirty.backward()
     assert dirty.item() == clean.item()
     assert torch.equal(dirty_lp.grad, clean_lp.grad)
     assert bool((dirty_lp.grad[pad] == 0).all())
-    assert metrics == clean_metrics
+    assert torch.equal(sums.values, clean_sums.values)

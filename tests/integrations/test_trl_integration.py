@@ -15,9 +15,15 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
+from gmts.core import SelectionConfig  # noqa: E402
 from gmts.data.tiny_model import TinyModelConfig, build_tiny_model  # noqa: E402
 from gmts.data.tokenizer import build_char_tokenizer  # noqa: E402
-from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer, check_trl_args  # noqa: E402
+from gmts.integrations.trl import (  # noqa: E402
+    GMTSGRPOConfig,
+    GMTSGRPOTrainer,
+    check_trl_args,
+    gmts_args,
+)
 
 
 def _length_reward(completions, **kwargs):
@@ -118,18 +124,13 @@ def _loss_and_grads(trainer, inputs):
     [("dapo", 0.0, True), ("grpo", 0.04, True), ("bnpo", 0.04, False), ("dr_grpo", 0.0, True)],
 )
 def test_entropy_selection_equals_trl_top_entropy_quantile(model_dir, loss_type, beta, bias_kl):
-    """score=entropy, normalize=all, kl_tokens=all == TRL's top_entropy_quantile (no ties)."""
+    """The "trl" preset with score=entropy == TRL's own top_entropy_quantile (no ties, one
+    micro-batch), loss and gradients, for every supported loss_type."""
     rho = 0.2
     common = _common(loss_type=loss_type, beta=beta, use_bias_correction_kl=bias_kl)
     trl_trainer = _build(GRPOTrainer, GRPOConfig(**common, top_entropy_quantile=rho), model_dir)
-    gmts_args = GMTSGRPOConfig(
-        **common,
-        gmts_score="entropy",
-        gmts_ratio=rho,
-        gmts_normalize="all",
-        gmts_kl_tokens="all",
-    )
-    gmts_trainer = _build(GMTSGRPOTrainer, gmts_args, model_dir)
+    preset = SelectionConfig.preset("trl", score="entropy", ratio=rho)
+    gmts_trainer = _build(GMTSGRPOTrainer, GMTSGRPOConfig(**common, **gmts_args(preset)), model_dir)
     for seed in (0, 1):
         inputs = _inputs(seed, beta)
         ref_loss, ref_grads = _loss_and_grads(trl_trainer, inputs)
@@ -140,7 +141,9 @@ def test_entropy_selection_equals_trl_top_entropy_quantile(model_dir, loss_type,
             torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-7)
         # exact count: 21 valid... k = ceil(0.2 * N), global over the micro-batch
         n_valid = int(inputs["completion_mask"].sum())
-        assert gmts_trainer.gmts_last["selected_tokens"] == math.ceil(rho * n_valid)
+        logged = gmts_trainer._metrics["train"]
+        assert logged["gmts/selected_tokens"][-1] == math.ceil(rho * n_valid)
+        assert logged["gmts/valid_tokens"][-1] == n_valid
 
 
 def test_paper_normalisation_divides_by_selected_count(model_dir):
@@ -171,6 +174,7 @@ def test_paper_normalisation_divides_by_selected_count(model_dir):
         (dict(delta=2.0), "delta"),
         (dict(entropy_coef=0.01), "entropy bonus"),
         (dict(gmts_scope="group"), "gmts_scope"),
+        (dict(gradient_accumulation_steps=2, steps_per_generation=3), "steps_per_generation"),
     ],
 )
 def test_unsupported_trl_options_raise_at_construction(overrides, needle):
@@ -179,9 +183,19 @@ def test_unsupported_trl_options_raise_at_construction(overrides, needle):
         check_trl_args(args)
 
 
+def test_liger_layer_kernels_are_allowed():
+    """TRL 1.16 applies only liger's layer kernels (it refuses the fused linear
+    cross-entropy itself) and still computes the loss in ``_compute_loss``, which GMTS
+    replaces; so use_liger_kernel needs no rejection (grpo_trainer.py, __init__ and
+    compute_loss)."""
+    check_trl_args(GMTSGRPOConfig(**_common(use_liger_kernel=True)))
+
+
 def test_bad_gmts_fields_and_plain_config_are_rejected():
     with pytest.raises(ValueError, match="gmts_"):
         GMTSGRPOConfig(**_common(gmts_ratio=1.5))
+    with pytest.raises(ValueError, match="unit"):
+        GMTSGRPOConfig(**_common(gmts_unit="step"))
     with pytest.raises(ValueError, match="GMTSGRPOConfig"):
         check_trl_args(GRPOConfig(**_common()))
 
@@ -210,7 +224,9 @@ def test_tiny_model_trains_with_gmts_and_logs_selection_metrics(model_dir):
 @pytest.mark.slow
 def test_trl_two_processes_select_globally(model_dir, tmp_path, free_port):
     """torchrun, 2 CPU processes, 2 accumulated micro-batches: k = ceil(ratio * N), N summed
-    over both processes and both micro-batches of each optimizer step."""
+    over both processes and both micro-batches of each optimizer step. Then the "trl" preset
+    with loss_type bnpo equals TRL's own top_entropy_quantile loss and gradients on each
+    process, with per-process token counts that differ (TRL divides by the local count)."""
     import json
     import os
     import subprocess
@@ -249,6 +265,11 @@ def test_trl_two_processes_select_globally(model_dir, tmp_path, free_port):
     # DDP kept both replicas identical, and training moved them
     assert ranks[0]["checksum_after"] == pytest.approx(ranks[1]["checksum_after"], rel=1e-9)
     assert ranks[0]["checksum_after"] != ranks[0]["checksum_before"]
+    bnpo = [r["bnpo"] for r in ranks]
+    assert bnpo[0]["local_tokens"] != bnpo[1]["local_tokens"]
+    for b in bnpo:
+        assert b["loss_diff"] <= 1e-6 * max(abs(b["trl_loss"]), 1.0)
+        assert b["grad_diff"] <= 1e-5 * b["grad_scale"]
 
 
 TRL_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "trl").glob("*.yaml"))
@@ -313,13 +334,13 @@ def _accumulated_loss_and_grads(trainer, micro_batches):
 
 @pytest.mark.parametrize("normalize", ["selected", "all"])
 def test_step_selection_unit_with_accumulation_equals_one_big_micro_batch(model_dir, normalize):
-    """gmts_selection_unit='step': 2 accumulated micro-batches == 1 micro-batch of both."""
+    """gmts_unit='mini-batch': 2 accumulated micro-batches == 1 micro-batch of both."""
     rho = 0.3
     gmts = dict(gmts_score="gmts", gmts_ratio=rho, gmts_normalize=normalize, gmts_kl_tokens="all")
     common = _common(loss_type="dapo", beta=0.04)
     big = _build(GMTSGRPOTrainer, GMTSGRPOConfig(**common, **gmts), model_dir)
     acc_args = GMTSGRPOConfig(**common, **gmts, gradient_accumulation_steps=2)
-    assert acc_args.gmts_selection_unit == "step" and acc_args.steps_per_generation == 2
+    assert acc_args.gmts_unit == "mini-batch" and acc_args.steps_per_generation == 2
     acc = _build(GMTSGRPOTrainer, acc_args, model_dir)
     inputs = _inputs(4, 0.04)
     halves = [
@@ -332,8 +353,9 @@ def test_step_selection_unit_with_accumulation_equals_one_big_micro_batch(model_
     for name in want_grads:
         torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-7)
     n_valid = int(inputs["completion_mask"].sum())
-    assert acc.gmts_last["unit_selected_tokens"] == math.ceil(rho * n_valid)
-    assert acc.gmts_last["unit_valid_tokens"] == n_valid
+    logged = acc._metrics["train"]
+    assert logged["gmts/unit_selected_tokens"][-1] == math.ceil(rho * n_valid)
+    assert logged["gmts/unit_valid_tokens"][-1] == n_valid
 
 
 def test_micro_batch_selection_unit_selects_per_micro_batch(model_dir):
@@ -344,7 +366,7 @@ def test_micro_batch_selection_unit_selects_per_micro_batch(model_dir):
         gmts_score="gmts",
         gmts_ratio=rho,
         gradient_accumulation_steps=2,
-        gmts_selection_unit="micro-batch",
+        gmts_unit="micro-batch",
     )
     trainer = _build(GMTSGRPOTrainer, args, model_dir)
     inputs = _inputs(5, 0.0)
@@ -354,9 +376,7 @@ def test_micro_batch_selection_unit_selects_per_micro_batch(model_dir):
     ]
     _accumulated_loss_and_grads(trainer, halves)
     n_last = int(halves[1]["completion_mask"].sum())
-    assert trainer.gmts_last["unit_selected_tokens"] == math.ceil(rho * n_last)
-    with pytest.raises(ValueError, match="gmts_selection_unit"):
-        check_trl_args(GMTSGRPOConfig(**_common(gmts_selection_unit="window")))
+    assert trainer._metrics["train"]["gmts/unit_selected_tokens"][-1] == math.ceil(rho * n_last)
 
 
 @pytest.mark.slow
@@ -371,9 +391,10 @@ def test_training_with_accumulation_selects_over_the_optimizer_step(model_dir):
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
-    last = trainer.gmts_last
-    assert last["unit_selected_tokens"] == math.ceil(0.2 * last["unit_valid_tokens"])
-    assert last["unit_valid_tokens"] > last["valid_tokens"]  # the step spans 2 micro-batches
+    last = [e for e in trainer.state.log_history if "gmts/unit_valid_tokens" in e][-1]
+    assert last["gmts/unit_selected_tokens"] == math.ceil(0.2 * last["gmts/unit_valid_tokens"])
+    # the step spans 2 micro-batches
+    assert last["gmts/unit_valid_tokens"] > last["gmts/valid_tokens"]
 
 
 @pytest.mark.slow

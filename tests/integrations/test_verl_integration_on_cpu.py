@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -20,7 +21,7 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
-from gmts.core import SelectionConfig, policy_loss, select_for_update  # noqa: E402
+from gmts.core import LossConfig, SelectionConfig, policy_loss, select_for_update  # noqa: E402
 from gmts.integrations.verl import plugin  # noqa: E402
 from gmts.integrations.verl.loss import (  # noqa: E402
     GMTSPolicyLoss,
@@ -144,19 +145,15 @@ def test_ratio_one_equals_verl_ppo_loss(agg, normalize, entropy_coeff, use_kl):
 def _core_eq2_loss(data, flat_lp, objective, selected, kl_tokens, kl_coef):
     """The core's eq. 2 loss on the padded tensors (the oracle for verl's path)."""
     mask = data["response_mask"].bool()
-    kl_den = float(mask.sum()) if kl_tokens == "all" else None
+    objective = dataclasses.replace(objective, kl_coef=kl_coef)
     return policy_loss(
         _padded_stats(data, flat_lp),
         data["old_log_probs"],
         data["advantages"],
         mask,
-        **objective.loss_kwargs() | {"kl_coef": kl_coef},
+        LossConfig(objective, normalize="selected", kl_tokens=kl_tokens),
         ref_logprobs=data["ref_log_prob"],
         selected=selected,
-        normalize="selected",
-        kl_tokens=kl_tokens,
-        denominator=float(selected.sum()),
-        kl_denominator=kl_den,
     )
 
 

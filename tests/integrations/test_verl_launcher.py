@@ -54,8 +54,13 @@ def test_command_line_gmts_items_become_settings_and_runtime_env():
 
 
 def test_preset_and_bad_values():
-    settings, *_ = build_command(["gmts.preset=trl", "gmts.score=entropy"])
-    assert (settings.selection.normalize, settings.selection.kl_tokens) == ("all", "all")
+    settings, *_ = build_command(["gmts.preset=reference-code", "gmts.score=entropy"])
+    selection = settings.selection
+    assert (selection.normalize, selection.kl_tokens, selection.count) == ("all", "all", "floor")
+    assert selection.scope == "batch"  # the authors' ETS: one threshold over the mini-batch
+    # TRL's unit (each micro-batch) cannot be expressed in verl: a clear error
+    with pytest.raises(ValueError, match="unit='micro-batch'"):
+        build_command(["gmts.preset=trl", "gmts.score=entropy"])
     with pytest.raises(ValueError, match="gmts.ratio"):
         build_command(["gmts.ratio=lots"])
     with pytest.raises(ValueError, match="loss_agg_mode"):

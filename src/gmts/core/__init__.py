@@ -1,7 +1,14 @@
 """The torch-only core of gmts: token statistics, omega, scores, selection, losses, configs."""
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
-from gmts.core.config import SELECTION_PRESETS, SelectionConfig
+from gmts.core.aggregation import (
+    AGGREGATIONS,
+    Aggregation,
+    available_aggregations,
+    get_aggregation,
+    register_aggregation,
+)
+from gmts.core.config import SELECTION_PRESETS, SELECTION_UNITS, SelectionConfig
 from gmts.core.logprobs import (
     TokenStatistics,
     token_logprobs_and_entropy,
@@ -9,46 +16,60 @@ from gmts.core.logprobs import (
     token_statistics,
     token_statistics_from_hidden,
 )
+from gmts.core.loss import LossConfig, LossDenominators, TokenSums, policy_loss
 from gmts.core.objectives import (
-    AGGREGATIONS,
     OBJECTIVE_PRESETS,
     ObjectiveConfig,
+    TokenObjective,
     gradient_coefficient,
-    loss_denominator,
-    policy_loss,
     token_objective,
 )
 from gmts.core.scores import (
-    SCORE_REQUIREMENTS,
     ScoreInputs,
     available_scores,
     compute_scores,
     get_score,
     register_score,
+    score_requirements,
 )
-from gmts.core.selection import SCOPES, select_tokens, selection_count, selection_threshold
+from gmts.core.selection import (
+    COUNT_RULES,
+    SCOPES,
+    select_tokens,
+    selection_count,
+    selection_threshold,
+)
 from gmts.core.step import SelectionResult, select_for_update
 
 __all__ = [
     "AGGREGATIONS",
+    "COUNT_RULES",
     "OBJECTIVE_PRESETS",
     "SCOPES",
-    "SCORE_REQUIREMENTS",
     "SELECTION_PRESETS",
+    "SELECTION_UNITS",
+    "Aggregation",
+    "LossConfig",
+    "LossDenominators",
     "ObjectiveConfig",
     "ScoreInputs",
     "SelectionConfig",
     "SelectionResult",
+    "TokenObjective",
     "TokenStatistics",
+    "TokenSums",
+    "available_aggregations",
     "available_scores",
     "compute_scores",
     "dynamic_sampling_keep",
+    "get_aggregation",
     "get_score",
     "gradient_coefficient",
     "group_advantages",
-    "loss_denominator",
     "policy_loss",
+    "register_aggregation",
     "register_score",
+    "score_requirements",
     "select_for_update",
     "select_tokens",
     "selection_count",

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from gmts.core._config_utils import check_choice, from_preset
+from gmts.core._config_utils import check_choice
 from gmts.core._config_utils import help_meta as _help
-from gmts.core.objectives import KL_TOKEN_MODES, NORMALIZE_MODES
+from gmts.core.loss import KL_TOKEN_MODES, KL_TOKENS_HELP, NORMALIZE_HELP, NORMALIZE_MODES
 from gmts.core.scores import available_scores
-from gmts.core.selection import SCOPES
+from gmts.core.selection import COUNT_RULES, SCOPES
 
-__all__ = ["SelectionConfig", "SELECTION_PRESETS"]
+__all__ = ["SelectionConfig", "SELECTION_PRESETS", "SELECTION_UNITS"]
+
+SELECTION_UNITS = ("mini-batch", "micro-batch")
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,7 @@ class SelectionConfig:
     )
     ratio: float = field(
         default=0.2,
-        metadata=_help(
-            "rho: fraction of valid tokens kept per scope unit, in (0, 1]; k = ceil(rho*N)."
-        ),
+        metadata=_help("rho: fraction of valid tokens kept per scope unit, in (0, 1]."),
     )
     largest: bool = field(
         default=True,
@@ -40,24 +41,36 @@ class SelectionConfig:
     scope: str = field(
         default="batch",
         metadata=_help(
-            "Where the top-rho is taken: batch (all tokens of the mini-batch across ranks, eq. 2), "
-            "group (per question group, the authors' code) or sequence (per answer)."
+            "Where the top-rho is taken within a selection unit: batch (all its tokens across "
+            "ranks, eq. 2), group (per question group, the authors' GMTS code) or sequence "
+            "(per answer)."
         ),
     )
-    normalize: str = field(
-        default="selected",
+    unit: str = field(
+        default="mini-batch",
         metadata=_help(
-            "Loss divisor: selected (1/S_rho, eq. 2) or all (all valid tokens, as the authors' "
-            "code and TRL)."
+            "The batch one selection sees: mini-batch (every token of one optimizer step on "
+            "every rank, the paper) or micro-batch (each micro-batch on every rank on its own, "
+            "as TRL's top_entropy_quantile)."
         ),
     )
-    kl_tokens: str = field(
-        default="selected",
+    count: str = field(
+        default="ceil",
         metadata=_help(
-            "Tokens that carry the KL penalty: selected (KL inside l, eq. 2) or all (every valid "
-            "token, as every existing implementation)."
+            "k per unit of N tokens: ceil (ceil(rho*N), at least 1: the paper, ETS code, TRL "
+            "up to ties) or floor (floor(rho*N) = N - ceil((1-rho)*N): the authors' GMTS code)."
         ),
     )
+    omega_weighting: bool = field(
+        default=False,
+        metadata=_help(
+            "Multiply omega by the aggregation's per-token weight (1/|o_i| under GRPO's "
+            "seq-mean-token-mean) before scoring, as the authors' GRPO code folds 1/|o_i| into "
+            "the advantage. No effect under token-mean."
+        ),
+    )
+    normalize: str = field(default="selected", metadata=_help(NORMALIZE_HELP))
+    kl_tokens: str = field(default="selected", metadata=_help(KL_TOKENS_HELP))
     seed: int = field(
         default=0,
         metadata=_help("Seed of the 'random' score (its generator is seeded with seed + step)."),
@@ -73,9 +86,12 @@ class SelectionConfig:
             or not (math.isfinite(self.ratio) and 0 < self.ratio <= 1)
         ):
             raise ValueError(f"ratio must be a number in (0, 1], got {self.ratio!r}")
-        if not isinstance(self.largest, bool):
-            raise ValueError(f"largest must be a bool, got {self.largest!r}")
+        for name in ("largest", "omega_weighting"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_choice("scope", self.scope, SCOPES)
+        check_choice("unit", self.unit, SELECTION_UNITS)
+        check_choice("count", self.count, COUNT_RULES)
         check_choice("normalize", self.normalize, NORMALIZE_MODES)
         check_choice("kl_tokens", self.kl_tokens, KL_TOKEN_MODES)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -88,20 +104,52 @@ class SelectionConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> SelectionConfig:
-        """Named presets (see docs/semantics.md), with field overrides:
+        """A named preset (see docs/semantics.md section 7) with field overrides.
 
-        - ``"paper"``: batch scope, normalise by the selected tokens, KL on the selected tokens
-          (the paper's eq. 2; the default).
-        - ``"reference-code"``: group scope, normalise by all valid tokens, KL on all tokens
-          (the authors' standalone GRPO-Zero code).
-        - ``"trl"``: batch scope, normalise by all valid tokens, KL on all tokens (TRL's
-          top_entropy_quantile, but with an exact count).
+        Presets may depend on the score (``overrides["score"]``, default gmts):
+
+        - ``"paper"``: eq. 2: one selection over the mini-batch of every rank, divide by the
+          selected count, KL on the selected tokens, k = ceil(rho N). The default.
+        - ``"reference-code"``: the authors' standalone GRPO-Zero code: GMTS (and every score
+          but entropy) per question group, ETS over the whole mini-batch; k = floor(rho N);
+          divide by all valid tokens; KL on every token; omega carries GRPO's 1/|o_i|.
+        - ``"trl"``: TRL's top_entropy_quantile: each micro-batch of every process on its own,
+          divide by all valid tokens (TRL's loss_type divisor), KL on every token; exact
+          k = ceil(rho N) where TRL's quantile keeps every tie.
         """
-        return from_preset(cls, SELECTION_PRESETS, "selection", name, overrides)
+        if name not in SELECTION_PRESETS:
+            raise ValueError(
+                f"unknown selection preset {name!r}; valid presets: {sorted(SELECTION_PRESETS)}"
+            )
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown SelectionConfig fields in overrides: {sorted(unknown)}")
+        score = overrides.get("score", cls.__dataclass_fields__["score"].default)
+        return replace(SELECTION_PRESETS[name](score), **overrides)
 
 
-SELECTION_PRESETS: dict[str, SelectionConfig] = {
-    "paper": SelectionConfig(scope="batch", normalize="selected", kl_tokens="selected"),
-    "reference-code": SelectionConfig(scope="group", normalize="all", kl_tokens="all"),
-    "trl": SelectionConfig(scope="batch", normalize="all", kl_tokens="all"),
+def _paper(score: str) -> SelectionConfig:
+    return SelectionConfig(score=score)
+
+
+def _reference_code(score: str) -> SelectionConfig:
+    return SelectionConfig(
+        score=score,
+        scope="batch" if score == "entropy" else "group",
+        count="floor",
+        omega_weighting=True,
+        normalize="all",
+        kl_tokens="all",
+    )
+
+
+def _trl(score: str) -> SelectionConfig:
+    return SelectionConfig(score=score, unit="micro-batch", normalize="all", kl_tokens="all")
+
+
+SELECTION_PRESETS: dict[str, Callable[[str], SelectionConfig]] = {
+    "paper": _paper,
+    "reference-code": _reference_code,
+    "trl": _trl,
 }
+"""Preset name -> the preset's SelectionConfig for a given score."""

@@ -17,8 +17,9 @@ from gmts._registry import Registry
 __all__ = [
     "ScoreInputs",
     "ScoreFn",
-    "SCORE_REQUIREMENTS",
+    "Score",
     "register_score",
+    "score_requirements",
     "get_score",
     "available_scores",
     "compute_scores",
@@ -46,8 +47,16 @@ class ScoreInputs:
 
 ScoreFn = Callable[[ScoreInputs], torch.Tensor]
 
-_SCORES: Registry[ScoreFn] = Registry("score", reserved=("none",))
-SCORE_REQUIREMENTS: dict[str, frozenset[str]] = {}
+
+@dataclass(frozen=True)
+class Score:
+    """A registered score: its function and the ScoreInputs fields it reads."""
+
+    fn: ScoreFn
+    requires: frozenset[str]
+
+
+_SCORES: Registry[Score] = Registry("score", reserved=("none",))
 _INPUT_FIELDS = frozenset(f.name for f in fields(ScoreInputs)) - {"seed"}
 
 
@@ -66,8 +75,7 @@ def register_score(
         )
 
     def decorator(fn: ScoreFn) -> ScoreFn:
-        _SCORES.add(name, fn)
-        SCORE_REQUIREMENTS[name] = frozenset(requires)
+        _SCORES.add(name, Score(fn, frozenset(requires)))
         return fn
 
     return decorator
@@ -80,7 +88,13 @@ def available_scores() -> list[str]:
 
 def get_score(name: str) -> ScoreFn:
     """The score function called ``name``; unknown names raise ValueError listing valid ones."""
-    return _SCORES.get(name)
+    return _SCORES.get(name).fn
+
+
+def score_requirements(name: str) -> frozenset[str]:
+    """The ScoreInputs fields score ``name`` reads (e.g. ``{"entropy", "omega"}`` for gmts), so
+    callers compute only those; ``"none"`` (no selection) reads nothing."""
+    return frozenset() if name == "none" else _SCORES.get(name).requires
 
 
 def compute_scores(name: str, inputs: ScoreInputs) -> torch.Tensor:
@@ -88,8 +102,8 @@ def compute_scores(name: str, inputs: ScoreInputs) -> torch.Tensor:
 
     Raises ValueError if a required input is missing or the inputs disagree in shape.
     """
-    fn = get_score(name)
-    missing = sorted(f for f in SCORE_REQUIREMENTS[name] if getattr(inputs, f) is None)
+    score = _SCORES.get(name)
+    missing = sorted(f for f in score.requires if getattr(inputs, f) is None)
     if missing:
         raise ValueError(f"score {name!r} needs ScoreInputs fields {missing}, which are None")
     shapes = {
@@ -100,7 +114,7 @@ def compute_scores(name: str, inputs: ScoreInputs) -> torch.Tensor:
     if len(set(shapes.values())) > 1:
         raise ValueError(f"ScoreInputs tensors must share one (B, T) shape, got {shapes}")
     with torch.no_grad():
-        out = fn(inputs)
+        out = score.fn(inputs)
     return out.detach()
 
 

@@ -11,7 +11,7 @@ Algorithm (linear in N, exact, no sorting of tokens, no torch.quantile):
    every rank finds the same global thresholds.
 3. Select every token above its unit's threshold, and among the tokens equal to the threshold
    the first ones in row-major order of the global batch (the ranks' batches concatenated in
-   rank order), until the unit holds exactly k = ceil(ratio * N_unit) tokens.
+   rank order), until the unit holds exactly k tokens (k = ceil(ratio * N_unit) by default).
 
 In a single process with scope "batch" (one unit, no communication), the k-th best score is
 instead an exact order statistic: a fixed-seed sample brackets it, one pass counts the scores
@@ -36,9 +36,13 @@ import torch
 from gmts.core import distributed as dist_utils
 from gmts.core._config_utils import check_choice
 
-__all__ = ["SCOPES", "select_tokens", "selection_threshold", "selection_count"]
+__all__ = ["COUNT_RULES", "SCOPES", "select_tokens", "selection_threshold", "selection_count"]
 
 SCOPES = ("batch", "group", "sequence")
+COUNT_RULES = ("ceil", "floor")
+"""k per unit of N valid tokens: ``ceil`` = ceil(ratio * N), at least 1 (the paper, ETS code);
+``floor`` = floor(ratio * N) = N - ceil((1 - ratio) * N), possibly 0 (the authors' GMTS code,
+which removes the ceil((1 - ratio) N) lowest-scored tokens)."""
 _DIGIT_BITS = 8
 _RADIX = 1 << _DIGIT_BITS
 
@@ -56,30 +60,40 @@ def _ratio_fraction(ratio: float) -> Fraction:
         return Fraction(repr(value))
 
 
-def selection_count(n: int, ratio: float) -> int:
-    """k = ceil(ratio * n) computed exactly on the decimal value of ``ratio``; at least 1 if n > 0.
+def selection_count(n: int, ratio: float, count: str = "ceil") -> int:
+    """k for ``n`` valid tokens, computed exactly on the decimal value of ``ratio``.
 
-    Examples: ``selection_count(10, 0.2) == 2``, ``selection_count(10, 0.7) == 7``,
-    ``selection_count(10, 0.1) == 1``, ``selection_count(0, 0.5) == 0``.
+    ``count='ceil'``: ceil(ratio * n), at least 1 if n > 0; ``'floor'``: floor(ratio * n)
+    (see :data:`COUNT_RULES`). Examples: ``selection_count(10, 0.2) == 2``,
+    ``selection_count(10, 0.1) == 1``, ``selection_count(7, 0.2) == 2``,
+    ``selection_count(7, 0.2, "floor") == 1``, ``selection_count(0, 0.5) == 0``.
     """
-    return _count_of(n, _ratio_fraction(ratio))
+    check_choice("count", count, COUNT_RULES)
+    return _count_of(n, _ratio_fraction(ratio), count)
 
 
-def _count_of(n: int, frac: Fraction) -> int:
-    """ceil(frac * n), at least 1 if n > 0, 0 if n <= 0."""
-    return max(1, -(-frac.numerator * n // frac.denominator)) if n > 0 else 0
+def _count_of(n: int, frac: Fraction, count: str) -> int:
+    """k of one unit (see :func:`selection_count`); 0 if n <= 0."""
+    if n <= 0:
+        return 0
+    if count == "floor":
+        return frac.numerator * n // frac.denominator
+    return max(1, -(-frac.numerator * n // frac.denominator))
 
 
-def _counts_to_k(counts: torch.Tensor, frac: Fraction) -> torch.Tensor:
-    """Per-unit k = ceil(ratio * n) (at least 1 where n > 0), exact integer arithmetic."""
+def _counts_to_k(counts: torch.Tensor, frac: Fraction, count: str) -> torch.Tensor:
+    """Per-unit k of :func:`selection_count` for ``(U,)`` counts, exact integer arithmetic."""
     p, q = frac.numerator, frac.denominator
     n_max = int(counts.max()) if counts.numel() else 0
+    round_up = q - 1 if count == "ceil" else 0
     if p * max(n_max, 1) < (1 << 62):
-        k = torch.div(counts * p + (q - 1), q, rounding_mode="floor")
+        k = torch.div(counts * p + round_up, q, rounding_mode="floor")
     else:  # huge decimal expansions: exact Python integers
-        k = torch.tensor([-(-p * n // q) for n in counts.tolist()], dtype=torch.int64)
+        k = torch.tensor([(p * n + round_up) // q for n in counts.tolist()], dtype=torch.int64)
         k = k.to(counts.device)
-    return torch.where(counts > 0, k.clamp_min(1), torch.zeros_like(k))
+    if count == "ceil":
+        k = k.clamp_min(1)
+    return torch.where(counts > 0, k, torch.zeros_like(k))
 
 
 _KEY_TYPES = {
@@ -205,8 +219,9 @@ def select_tokens(
     scope: str = "batch",
     group_ids: torch.Tensor | None = None,
     process_group: Any = None,
+    count: str = "ceil",
 ) -> torch.Tensor:
-    """Select exactly k = ceil(ratio * N_u) valid tokens per scope unit u by score.
+    """Select exactly k valid tokens per scope unit u by score (k = ceil(ratio * N_u) by default).
 
     Args:
         scores: ``(B, T)`` float scores (only positions with ``mask`` are read; they must be
@@ -225,6 +240,8 @@ def select_tokens(
             the single-process selection of the ranks' batches concatenated in rank order.
             Every rank must call this function (ranks with no valid tokens included). The
             'sequence' scope needs no communication (rows never span ranks).
+        count: ``"ceil"`` (k = ceil(ratio * N_u), at least 1) or ``"floor"`` (k =
+            floor(ratio * N_u), possibly 0: the authors' GMTS code); see :data:`COUNT_RULES`.
 
     Returns:
         ``(B, T)`` bool mask. In each unit: exactly k selected tokens; every selected score >=
@@ -238,6 +255,7 @@ def select_tokens(
     """
     frac = _ratio_fraction(ratio)
     check_choice("scope", scope, SCOPES)
+    check_choice("count", count, COUNT_RULES)
     if not isinstance(largest, bool):
         raise ValueError(f"largest must be a bool, got {largest!r}")
     distributed = dist_utils.is_distributed(process_group)
@@ -258,17 +276,18 @@ def select_tokens(
 
     with torch.no_grad():
         if single_batch:
-            selected = _select_single_batch(scores.detach(), mask, frac, largest)
+            selected = _select_single_batch(scores.detach(), mask, frac, count, largest)
             if selected is not None:
                 return selected
         values = _working_scores(scores.detach(), wide)
-        return _select(values, mask, frac, largest, scope, group_ids, max_rows, group)
+        return _select(values, mask, frac, count, largest, scope, group_ids, max_rows, group)
 
 
 def _select(
     values: torch.Tensor,
     mask: torch.Tensor,
     frac: Fraction,
+    count: str,
     largest: bool,
     scope: str,
     group_ids: torch.Tensor | None,
@@ -286,7 +305,7 @@ def _select(
     counts = torch.zeros(n_units, dtype=torch.int64, device=device)
     counts.scatter_add_(0, unit_row, torch.count_nonzero(mask, dim=1))
     counts = dist_utils.all_reduce_sum(counts, group)  # (U,) global valid tokens per unit
-    k = _counts_to_k(counts, frac)  # (U,)
+    k = _counts_to_k(counts, frac, count)  # (U,)
 
     threshold, k_rem = _radix_threshold(
         values, mask, k, largest, unit_row, n_units, batch_scope, group
@@ -326,7 +345,7 @@ def _select(
 
 
 def _select_single_batch(
-    scores: torch.Tensor, mask: torch.Tensor, frac: Fraction, largest: bool
+    scores: torch.Tensor, mask: torch.Tensor, frac: Fraction, count: str, largest: bool
 ) -> torch.Tensor | None:
     """Single process, scope 'batch': the selection mask from one exact order statistic.
 
@@ -339,7 +358,7 @@ def _select_single_batch(
     """
     values = scores if scores.dtype in _KEY_TYPES else scores.float()
     n_valid = int(torch.count_nonzero(mask))
-    k = _count_of(n_valid, frac)
+    k = _count_of(n_valid, frac, count)
     if k == 0:
         return torch.zeros_like(mask)
     info = torch.finfo(values.dtype)

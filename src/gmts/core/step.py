@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 from gmts.core import distributed as dist_utils
+from gmts.core.aggregation import get_aggregation
 from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
-from gmts.core.scores import SCORE_REQUIREMENTS, ScoreInputs, compute_scores
+from gmts.core.scores import ScoreInputs, compute_scores, score_requirements
 from gmts.core.selection import select_tokens, selection_threshold
 
 __all__ = ["SelectionResult", "select_for_update"]
@@ -54,8 +55,12 @@ def select_for_update(
 
     omega is computed from the current ``logprobs`` (detached) with ``objective``'s clip, dual
     clip and KL settings, so it is exactly the gradient coefficient of the loss that
-    :func:`gmts.policy_loss` will compute with the same objective. Only the inputs the score
-    needs (``SCORE_REQUIREMENTS``) are read; a missing one raises ValueError.
+    :func:`gmts.policy_loss` will compute with the same objective (times the aggregation's
+    per-token weight with ``config.omega_weighting``). Only the inputs the score needs
+    (:func:`gmts.score_requirements`) are read; a missing one raises ValueError.
+
+    This selects over exactly the rows it is given: a caller with ``config.unit ==
+    "micro-batch"`` calls it once per micro-batch.
 
     Args:
         logprobs, old_logprobs, ref_logprobs, entropy, logit_grad_norm: ``(B, T)``.
@@ -71,7 +76,7 @@ def select_for_update(
         raise ValueError(f"objective must be an ObjectiveConfig, got {type(objective).__name__}")
     if not config.enabled:
         return SelectionResult(selected=None, scores=None, threshold=None)
-    needs = SCORE_REQUIREMENTS[config.score]
+    needs = score_requirements(config.score)
     omega = None
     if "omega" in needs:
         omega = gradient_coefficient(
@@ -81,6 +86,9 @@ def select_for_update(
             ref_logprobs=ref_logprobs if objective.kl_coef > 0 else None,
             **objective.omega_kwargs(),
         )
+        if config.omega_weighting:
+            weights = get_aggregation(objective.aggregation).token_weights(response_mask.bool())
+            omega = omega * weights.to(omega.dtype)  # (B, T)
     seed = config.seed + step
     if dist_utils.is_distributed(process_group):
         seed += _RANK_SEED_STRIDE * dist_utils.get_rank(process_group)
@@ -104,6 +112,7 @@ def select_for_update(
         scope=config.scope,
         group_ids=group_ids,
         process_group=process_group,
+        count=config.count,
     )
     threshold = selection_threshold(
         scores, selected, largest=config.largest, process_group=process_group

@@ -12,15 +12,16 @@
 3. exactly k = ceil(ratio * N) tokens are selected by the configured score, N counted over the
    selection unit on every accelerate process together (one global threshold, no
    torch.quantile);
-4. the loss is aggregated by the core's ``policy_loss``:
-   ``gmts_normalize="selected"`` is the paper's eq. 2 (a token-mean over the selected tokens of
-   all processes, whatever ``loss_type``); ``gmts_normalize="all"`` keeps the divisor of TRL's
-   ``loss_type`` (what TRL's ``top_entropy_quantile`` and the authors' code do).
+4. the loss is the core's ``policy_loss`` with a ``LossConfig``: ``gmts_normalize="selected"``
+   is the paper's eq. 2 (a token-mean over the selected tokens of the selection unit on all
+   processes, whatever ``loss_type``; divisors from ``LossConfig.denominators``);
+   ``gmts_normalize="all"`` keeps exactly the divisor of TRL's ``loss_type`` (what TRL's
+   ``top_entropy_quantile`` and the authors' code do).
 
-The selection unit (``gmts_selection_unit``) is by default the whole optimizer step: all
-micro-batches of one gradient-accumulation window on all processes (the paper's mini-batch);
-with ``gradient_accumulation_steps > 1`` that costs one extra no-grad forward over the window
-at its first micro-batch. ``'micro-batch'`` selects each micro-batch (on all processes) on its
+The selection unit (``gmts_unit``) is by default the whole optimizer step: all micro-batches
+of one gradient-accumulation window on all processes (the paper's mini-batch); with
+``gradient_accumulation_steps > 1`` that costs one extra no-grad forward over the window at
+its first micro-batch. ``'micro-batch'`` selects each micro-batch (on all processes) on its
 own, as TRL's own ``top_entropy_quantile`` does.
 
 TRL options whose gradient is not the clipped objective that omega describes (other loss
@@ -31,7 +32,6 @@ trainer is built.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -39,10 +39,18 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from gmts.core.config import SelectionConfig
-from gmts.core.objectives import ObjectiveConfig, loss_denominator, policy_loss
-from gmts.core.step import SelectionResult, select_for_update
+from gmts.core.loss import LossConfig, LossDenominators, TokenSums, policy_loss
+from gmts.core.objectives import ObjectiveConfig
+from gmts.core.step import select_for_update
 
-__all__ = ["GMTSGRPOConfig", "GMTSGRPOTrainer", "SUPPORTED_LOSS_TYPES", "check_trl_args"]
+__all__ = [
+    "GMTSGRPOConfig",
+    "GMTSGRPOTrainer",
+    "GMTSSelection",
+    "SUPPORTED_LOSS_TYPES",
+    "check_trl_args",
+    "gmts_args",
+]
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 """TRL loss types whose per-token gradient is the clipped PPO objective omega describes."""
@@ -60,9 +68,6 @@ _EXTRA_MODEL_INPUTS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
-
-_SELECTION_FIELDS = ("score", "ratio", "largest", "scope", "normalize", "kl_tokens", "seed")
-
 
 _CORE_FIELDS = {f.name: f for f in fields(SelectionConfig)}
 
@@ -95,20 +100,23 @@ class GMTSGRPOConfig(GRPOConfig):
         default=_default("scope"),
         metadata={"help": _core_help("scope") + " In TRL only 'batch' and 'sequence' apply."},
     )
+    gmts_unit: str = field(
+        default=_default("unit"),
+        metadata={
+            "help": _core_help("unit")
+            + " In TRL the mini-batch is the optimizer step (all accumulated micro-batches); "
+            "with gradient_accumulation_steps > 1 it costs one extra no-grad forward per step."
+        },
+    )
+    gmts_count: str = field(default=_default("count"), metadata={"help": _core_help("count")})
+    gmts_omega_weighting: bool = field(
+        default=_default("omega_weighting"), metadata={"help": _core_help("omega_weighting")}
+    )
     gmts_normalize: str = field(
         default=_default("normalize"), metadata={"help": _core_help("normalize")}
     )
     gmts_kl_tokens: str = field(
         default=_default("kl_tokens"), metadata={"help": _core_help("kl_tokens")}
-    )
-    gmts_selection_unit: str = field(
-        default="step",
-        metadata={
-            "help": "Where the top-ratio is taken: 'step' (all micro-batches of one optimizer "
-            "step on all processes, the paper's mini-batch; costs one extra no-grad forward per "
-            "step when gradient_accumulation_steps > 1) or 'micro-batch' (each micro-batch on "
-            "all processes, like TRL's top_entropy_quantile; no extra pass)."
-        },
     )
     gmts_seed: int | None = field(
         default=None,
@@ -121,13 +129,19 @@ class GMTSGRPOConfig(GRPOConfig):
 
     def gmts_selection_config(self) -> SelectionConfig:
         """The core ``SelectionConfig`` these arguments describe."""
-        values = {name: getattr(self, f"gmts_{name}") for name in _SELECTION_FIELDS}
+        values = {name: getattr(self, f"gmts_{name}") for name in _CORE_FIELDS}
         if values["seed"] is None:
             values["seed"] = int(self.seed)
         try:
             return SelectionConfig(**values)
         except ValueError as err:
             raise ValueError(f"invalid gmts_* setting: {err}") from err
+
+
+def gmts_args(selection: SelectionConfig) -> dict[str, Any]:
+    """The ``gmts_*`` keyword arguments of :class:`GMTSGRPOConfig` for a core SelectionConfig
+    (e.g. ``GMTSGRPOConfig(**trl_kwargs, **gmts_args(SelectionConfig.preset("trl")))``)."""
+    return {f"gmts_{name}": getattr(selection, name) for name in _CORE_FIELDS}
 
 
 def check_trl_args(args: Any) -> None:
@@ -172,20 +186,14 @@ def check_trl_args(args: Any) -> None:
         )
     if getattr(args, "entropy_coef", 0.0) != 0.0 or getattr(args, "use_adaptive_entropy", False):
         problems.append("the entropy bonus (entropy_coef / use_adaptive_entropy) is not supported")
-    if getattr(args, "use_liger_kernel", False):
-        problems.append("use_liger_kernel computes the loss outside _compute_loss; set it False")
-    if args.gmts_selection_unit not in ("step", "micro-batch"):
-        problems.append(
-            f"gmts_selection_unit={args.gmts_selection_unit!r}: use 'step' or 'micro-batch'"
-        )
-    elif (
-        args.gmts_selection_unit == "step"
+    if (
+        selection.unit == "mini-batch"
         and selection.enabled
         and args.steps_per_generation is not None
         and args.steps_per_generation % args.gradient_accumulation_steps != 0
     ):
         problems.append(
-            "gmts_selection_unit='step' needs steps_per_generation to be a multiple of "
+            "gmts_unit='mini-batch' needs steps_per_generation to be a multiple of "
             "gradient_accumulation_steps (an optimizer step must not span two generations)"
         )
     if selection.enabled and selection.scope == "group":
@@ -199,13 +207,41 @@ def check_trl_args(args: Any) -> None:
         )
 
 
+@dataclass(frozen=True)
+class GMTSSelection:
+    """The selection a micro-batch trains on.
+
+    Attributes:
+        selected: ``(B, T)`` bool mask of this micro-batch, or None (score 'none').
+        unit_sums: token counts of the whole selection unit (this micro-batch, or every
+            micro-batch of the optimizer step) summed over all processes; None without a
+            selection.
+        threshold: the unit's score threshold (None without a selection).
+    """
+
+    selected: torch.Tensor | None
+    unit_sums: TokenSums | None
+    threshold: float | None
+
+
+# TRL loss types -> the core aggregation of their numerator (divisors: _trl_divisor)
+_TRL_AGGREGATION = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dr_grpo": "token-mean",
+    "dapo": "token-mean",
+}
+
+
 class GMTSGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` training on the tokens GMTS (or ETS, ...) selects.
 
     Construct it exactly like ``GRPOTrainer`` with ``args=GMTSGRPOConfig(...)``. Besides TRL's
-    metrics it logs, per optimizer step: ``gmts/selected_fraction``, ``gmts/selected_tokens``,
-    ``gmts/valid_tokens`` (global over processes), ``gmts/score_threshold``,
-    ``gmts/clip_fraction_selected``, ``gmts/entropy_selected`` and ``gmts/entropy_all``.
+    metrics it logs, per micro-batch and global over processes: ``gmts/selected_fraction``,
+    ``gmts/selected_tokens``, ``gmts/valid_tokens``, ``gmts/unit_selected_tokens`` and
+    ``gmts/unit_valid_tokens`` (the selection unit whose divisor eq. 2 uses),
+    ``gmts/score_threshold``, ``gmts/clip_fraction_selected``, ``gmts/entropy_selected`` and
+    ``gmts/entropy_all``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -213,21 +249,25 @@ class GMTSGRPOTrainer(GRPOTrainer):
         check_trl_args(train_args)  # before any model loading or generation setup
         super().__init__(*args, **kwargs)
         self.gmts_selection: SelectionConfig = train_args.gmts_selection_config()
-        self.gmts_last: dict[str, float] = {}  # counts of the last micro-batch (tests, debugging)
 
     # ----------------------------------------------------------------------------------------
 
-    def _gmts_objective(self, aggregation: str) -> ObjectiveConfig:
-        """TRL's clip and KL settings as a core ObjectiveConfig."""
-        return ObjectiveConfig(
+    def _gmts_loss_config(self) -> LossConfig:
+        """TRL's clip, KL and loss-type aggregation with the gmts_* normalisation."""
+        objective = ObjectiveConfig(
             clip_low=float(self.epsilon_low),
             clip_high=float(self.epsilon_high),
             dual_clip=None,
             kl_coef=float(self.beta),
             kl_ratio_correction=bool(self.beta != 0.0 and self.args.use_bias_correction_kl),
             kl_clamp=None,
-            aggregation=aggregation,
+            aggregation=_TRL_AGGREGATION[self.loss_type],
         )
+        return LossConfig.of(objective, self.gmts_selection)
+
+    def _gmts_reduce(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over accelerate's processes (TRL's own collective)."""
+        return self.accelerator.reduce(values, reduction="sum")
 
     def _gmts_process_group(self) -> Any:
         if self.accelerator.num_processes > 1:
@@ -276,12 +316,12 @@ class GMTSGRPOTrainer(GRPOTrainer):
         return (
             mode == "train"
             and self.gmts_selection.enabled
-            and self.args.gmts_selection_unit == "step"
+            and self.gmts_selection.unit == "mini-batch"
             and self.current_gradient_accumulation_steps > 1
         )
 
     @torch.no_grad()
-    def _gmts_window(self, model: torch.nn.Module, group: Any) -> dict[str, Any]:
+    def _gmts_window(self, model: torch.nn.Module, loss_config: LossConfig) -> dict[str, Any]:
         """Select over every micro-batch of the current optimizer step (all processes).
 
         One no-grad forward over the window's micro-batches (TRL's buffered slices) with the
@@ -295,10 +335,10 @@ class GMTSGRPOTrainer(GRPOTrainer):
             return cached
         per_generation = self.args.steps_per_generation
         slots = [(start + i) % per_generation for i in range(accumulation)]
-        batches = [self._buffered_inputs[slot] for slot in slots]
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("lp", "ent", "old", "adv", "mask")}
         refs = []
-        for batch in batches:
+        for slot in slots:
+            batch = self._buffered_inputs[slot]
             logprobs, entropy, _ = self._gmts_forward(model, batch)
             old_logprobs, ref_logprobs = self._gmts_score_inputs(batch, logprobs)
             adv = batch["advantages"]
@@ -311,210 +351,168 @@ class GMTSGRPOTrainer(GRPOTrainer):
         cat = {k: torch.cat(v, dim=0) for k, v in parts.items()}  # (accumulation * B, T)
         result = select_for_update(
             self.gmts_selection,
-            self._gmts_objective("token-mean"),
+            loss_config.objective,
             logprobs=cat["lp"],
             old_logprobs=cat["old"],
             advantages=cat["adv"],
             response_mask=cat["mask"],
             entropy=cat["ent"],
             ref_logprobs=torch.cat(refs, dim=0) if self.beta != 0.0 else None,
-            process_group=group,
+            process_group=self._gmts_process_group(),
             step=start,
         )
-        rows = [b.shape[0] for b in parts["mask"]]
-        masks = dict(zip(slots, torch.split(result.selected, rows, dim=0)))
+        rows = [m.shape[0] for m in parts["mask"]]
         cache = {
             "start": start,
-            "masks": masks,
+            "masks": dict(zip(slots, torch.split(result.selected, rows, dim=0))),
             "threshold": result.threshold,
-            "selected_tokens": loss_denominator(
-                cat["mask"], result.selected, "token-mean", "selected", group
-            ),
-            "valid_tokens": loss_denominator(cat["mask"], None, "token-mean", "all", group),
+            "unit_sums": TokenSums.count(cat["mask"], result.selected).reduced(self._gmts_reduce),
         }
         self._gmts_window_cache = cache
         return cache
+
+    def _gmts_select(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        loss_config: LossConfig,
+        mode: str,
+        *,
+        logprobs: torch.Tensor,
+        entropy: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        ref_logprobs: torch.Tensor | None,
+    ) -> GMTSSelection:
+        """The selection of this micro-batch: from its step's window, or of its own."""
+        if not self.gmts_selection.enabled:
+            return GMTSSelection(selected=None, unit_sums=None, threshold=None)
+        mask = self._gmts_mask(inputs)
+        if self._gmts_uses_step_unit(mode):
+            window = self._gmts_window(model, loss_config)
+            slot = int(self._step) % self.args.steps_per_generation
+            if inputs is not self._buffered_inputs[slot]:
+                raise RuntimeError(
+                    "gmts_unit='mini-batch' could not match this micro-batch to TRL's buffered "
+                    "generation batch; use gmts_unit='micro-batch'"
+                )
+            return GMTSSelection(
+                selected=window["masks"][slot] & mask,
+                unit_sums=window["unit_sums"],
+                threshold=window["threshold"],
+            )
+        result = select_for_update(
+            self.gmts_selection,
+            loss_config.objective,
+            logprobs=logprobs.detach(),
+            old_logprobs=old_logprobs,
+            advantages=inputs["advantages"],
+            response_mask=mask,
+            entropy=entropy.detach().float(),
+            ref_logprobs=ref_logprobs,
+            process_group=self._gmts_process_group(),
+            step=int(self._step),
+        )
+        unit_sums = TokenSums.count(mask, result.selected).reduced(self._gmts_reduce)
+        return GMTSSelection(result.selected, unit_sums, result.threshold)
+
+    def _trl_divisor(
+        self, inputs: dict[str, Any], mask: torch.Tensor, mode: str
+    ) -> tuple[float | None, float]:
+        """``(divisor, accumulation scale)`` of TRL 1.16's ``loss_type`` for this micro-batch.
+
+        The divisor is that of both loss terms (None: this micro-batch's own valid-token count,
+        TRL's ``mask.sum()``); the loss is further divided by the scale, as TRL divides by the
+        accumulation steps.
+        """
+        accumulation = float(self.current_gradient_accumulation_steps if mode == "train" else 1)
+        if self.loss_type == "grpo":  # mean over the local rows of per-sequence token means
+            return float(mask.shape[0]), accumulation
+        if self.loss_type == "bnpo":  # token-mean over this micro-batch's local tokens
+            return None, accumulation
+        if self.loss_type == "dr_grpo":  # sum / (B * max_completion_length)
+            return float(mask.shape[0] * self.max_completion_length), accumulation
+        # dapo: the generation batch's global token count, rescaled to one accumulation window
+        # per process; that already accounts for accumulation.
+        divisor = float(inputs["num_items_in_batch"].clamp(min=1.0))
+        divisor /= self.accelerator.num_processes
+        if mode == "train":
+            divisor *= self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return divisor, 1.0
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         aux_enabled = bool(getattr(self, "aux_loss_enabled", False))
         logprobs, entropy, aux_loss = self._gmts_forward(
             model, inputs, compute_aux_loss=aux_enabled
         )
-        response_mask = self._gmts_mask(inputs)  # (B, T)
-        advantages = inputs["advantages"]  # (B,) or (B, T)
+        mask = self._gmts_mask(inputs)  # (B, T)
         old_logprobs, ref_logprobs = self._gmts_score_inputs(inputs, logprobs)
-
         mode = "train" if self.model.training else "eval"
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
-        n_proc = self.accelerator.num_processes
-        group = self._gmts_process_group()
-        sel_cfg = self.gmts_selection
-        normalize = sel_cfg.normalize if sel_cfg.enabled else "all"
-
-        aggregation, denominator, post_scale = self._gmts_aggregation(
-            inputs, response_mask, normalize, accumulation, n_proc
+        loss_config = self._gmts_loss_config()
+        selection = self._gmts_select(
+            model,
+            inputs,
+            loss_config,
+            mode,
+            logprobs=logprobs,
+            entropy=entropy,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
         )
-        objective = self._gmts_objective(aggregation)
-        # counting sets of the selection unit (micro-batch or optimizer step), all processes
-        unit_selected = unit_valid = None
-        if self._gmts_uses_step_unit(mode):
-            window = self._gmts_window(model, group)
-            slot = int(self._step) % self.args.steps_per_generation
-            if inputs is not self._buffered_inputs[slot]:
-                raise RuntimeError(
-                    "gmts_selection_unit='step' could not match this micro-batch to TRL's "
-                    "buffered generation batch; use gmts_selection_unit='micro-batch'"
-                )
-            selected = window["masks"][slot] & response_mask
-            result = SelectionResult(selected=selected, scores=None, threshold=window["threshold"])
-            unit_selected, unit_valid = window["selected_tokens"], window["valid_tokens"]
-            post_scale = 1.0 if normalize == "selected" else post_scale
-        else:
-            result = select_for_update(
-                sel_cfg,
-                objective,
-                logprobs=logprobs.detach(),
-                old_logprobs=old_logprobs,
-                advantages=advantages,
-                response_mask=response_mask,
-                entropy=entropy.detach().float(),
-                ref_logprobs=ref_logprobs,
-                process_group=group,
-                step=int(self._step),
-            )
-            selected = result.selected  # (B, T) bool or None
-            if selected is not None:
-                unit_selected = loss_denominator(
-                    response_mask, selected, "token-mean", "selected", group
-                )
-                unit_valid = loss_denominator(response_mask, None, "token-mean", "all", group)
 
-        kl_denominator = None
-        if normalize == "selected" and selected is not None:
-            # Paper eq. 2: divide by S, the selected count of the whole selection unit on every
-            # process; DDP averages the per-process gradients, hence S / num_processes here.
-            denominator = unit_selected / n_proc
-            if self.beta != 0.0:
-                kl_denominator = unit_valid / n_proc
+        divisor, scale = self._trl_divisor(inputs, mask, mode)
+        denominators = None if divisor is None else LossDenominators(divisor, divisor)
+        if selection.selected is not None and loss_config.normalize == "selected":
+            # Paper eq. 2: divide by the selection unit's counts on every process (the core's
+            # rule); DDP averages the per-process gradients, hence the division by n_proc. A
+            # unit spanning the accumulation window needs no further accumulation scaling.
+            n_proc = self.accelerator.num_processes
+            unit = loss_config.denominators(selection.unit_sums)
+            denominators = LossDenominators(unit.policy / n_proc, unit.kl / n_proc)
+            if self._gmts_uses_step_unit(mode):
+                scale = 1.0
+            else:
+                scale = float(self.current_gradient_accumulation_steps if mode == "train" else 1)
 
-        loss, _ = policy_loss(
+        loss, sums = policy_loss(
             logprobs,
             old_logprobs,
-            advantages,
-            response_mask,
-            **objective.loss_kwargs(),
+            inputs["advantages"],
+            mask,
+            loss_config,
+            selected=selection.selected,
             ref_logprobs=ref_logprobs,
-            selected=selected,
-            normalize=normalize,
-            kl_tokens=sel_cfg.kl_tokens,
-            denominator=denominator,
-            kl_denominator=kl_denominator,
+            entropy=entropy.detach().float(),
+            denominators=denominators,
         )
-        loss = loss / post_scale
+        loss = loss / scale
         if aux_loss is not None:
+            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(
                 self.accelerator.gather_for_metrics(aux_loss.detach()).mean().item()
             )
-        self._gmts_log(
-            mode, logprobs, old_logprobs, ref_logprobs, advantages, response_mask, entropy, result
-        )
-        self.gmts_last["unit_selected_tokens"] = unit_selected
-        self.gmts_last["unit_valid_tokens"] = unit_valid
+        self._gmts_log(mode, sums.reduced(self._gmts_reduce), selection)
         return loss
 
-    def _gmts_aggregation(
-        self,
-        inputs: dict[str, Any],
-        response_mask: torch.Tensor,
-        normalize: str,
-        accumulation: int,
-        n_proc: int,
-    ) -> tuple[str, float | None, float]:
-        """``(core aggregation, policy divisor, extra divisor)`` reproducing TRL's ``loss_type``.
-
-        Only used as is for ``normalize='all'``; ``'selected'`` replaces the divisor by S.
-        """
-        loss_type = self.loss_type
-        rows = float(response_mask.shape[0])
-        if normalize == "selected":
-            return "token-mean", None, float(accumulation)
-        if loss_type == "grpo":  # mean over local rows of per-sequence token means
-            return "seq-mean-token-mean", rows, float(accumulation)
-        if loss_type == "dr_grpo":  # sum / (B * max_completion_length)
-            return "token-mean", rows * float(self.max_completion_length), float(accumulation)
-        if loss_type == "bnpo":  # token-mean over every process's tokens of this micro-batch
-            group = self._gmts_process_group()
-            den = loss_denominator(response_mask, None, "token-mean", "all", group) / n_proc
-            return "token-mean", den, float(accumulation)
-        # dapo: TRL divides by the generation batch's global token count, rescaled to one
-        # accumulation window per process; that already accounts for accumulation.
-        den = float(inputs["num_items_in_batch"].clamp(min=1.0)) / n_proc
-        if self.model.training:
-            den = den * accumulation / self.args.steps_per_generation
-        return "token-mean", den, 1.0
-
-    @torch.no_grad()
-    def _gmts_log(
-        self,
-        mode: str,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        ref_logprobs: torch.Tensor | None,
-        advantages: torch.Tensor,
-        response_mask: torch.Tensor,
-        entropy: torch.Tensor,
-        result: Any,
-    ) -> None:
+    def _gmts_log(self, mode: str, sums: TokenSums, selection: GMTSSelection) -> None:
         """Global (all-process) selection metrics through TRL's ``self._metrics``."""
-        adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logprobs)
-        ratio = torch.exp(logprobs.detach() - old_logprobs)  # (B, T)
-        low = (ratio < 1 - self.epsilon_low) & (adv < 0)
-        high = (ratio > 1 + self.epsilon_high) & (adv > 0)
-        clipped = (low | high) & response_mask
-        selected = response_mask if result.selected is None else (result.selected & response_mask)
-        ent = entropy.detach().float()
-        parts = [
-            response_mask.sum(),
-            selected.sum(),
-            (clipped & selected).sum(),
-            torch.where(response_mask, ent, 0.0).sum(),
-            torch.where(selected, ent, 0.0).sum(),
-            (low & response_mask).sum(),
-            (high & response_mask).sum(),
-        ]
-        if ref_logprobs is not None:
-            log_rho = ref_logprobs - logprobs.detach()
-            kl = torch.exp(log_rho) - log_rho - 1
-            if self.args.use_bias_correction_kl:
-                kl = kl * ratio
-            parts.append(torch.where(response_mask, kl, 0.0).sum())
-        local = torch.stack([p.double() for p in parts])
-        total = self.accelerator.reduce(local, reduction="sum").tolist()
-        valid, n_sel, clip_sel, ent_all, ent_sel, n_low, n_high = total[:7]
-        self.gmts_last = {
-            "local_valid_tokens": float(local[0]),
-            "local_selected_tokens": float(local[1]),
-            "valid_tokens": valid,
-            "selected_tokens": n_sel,
-        }
-
-        def frac(num: float, den: float) -> float:
-            return num / den if den > 0 else math.nan
-
+        m = sums.metrics()
         metrics = self._metrics[mode]
-        metrics["gmts/selected_fraction"].append(frac(n_sel, valid))
-        metrics["gmts/selected_tokens"].append(n_sel)
-        metrics["gmts/valid_tokens"].append(valid)
-        metrics["gmts/clip_fraction_selected"].append(frac(clip_sel, n_sel))
-        metrics["gmts/entropy_selected"].append(frac(ent_sel, n_sel))
-        metrics["gmts/entropy_all"].append(frac(ent_all, valid))
-        if result.threshold is not None:
-            metrics["gmts/score_threshold"].append(float(result.threshold))
+        metrics["gmts/selected_fraction"].append(m["selected_fraction"])
+        metrics["gmts/selected_tokens"].append(sums["selected_tokens"])
+        metrics["gmts/valid_tokens"].append(sums["valid_tokens"])
+        metrics["gmts/clip_fraction_selected"].append(m["clip_fraction_selected"])
+        metrics["gmts/entropy_selected"].append(m["entropy_selected_mean"])
+        metrics["gmts/entropy_all"].append(m["entropy_mean"])
+        if selection.unit_sums is not None:
+            metrics["gmts/unit_selected_tokens"].append(selection.unit_sums["selected_tokens"])
+            metrics["gmts/unit_valid_tokens"].append(selection.unit_sums["valid_tokens"])
+        if selection.threshold is not None:
+            metrics["gmts/score_threshold"].append(float(selection.threshold))
         # TRL's usual keys, so its dashboards keep working
-        metrics["entropy"].append(frac(ent_all, valid))
-        metrics["clip_ratio/low_mean"].append(frac(n_low, valid))
-        metrics["clip_ratio/high_mean"].append(frac(n_high, valid))
-        metrics["clip_ratio/region_mean"].append(frac(n_low + n_high, valid))
-        if ref_logprobs is not None:
-            metrics["kl"].append(frac(total[7], valid))
+        metrics["entropy"].append(m["entropy_mean"])
+        metrics["clip_ratio/low_mean"].append(m["clip_low_fraction"])
+        metrics["clip_ratio/high_mean"].append(m["clip_high_fraction"])
+        metrics["clip_ratio/region_mean"].append(m["clip_low_fraction"] + m["clip_high_fraction"])
+        if "kl_mean" in m:
+            metrics["kl"].append(m["kl_mean"])

@@ -1,8 +1,9 @@
 """Process-group plumbing for ``torchrun --nproc_per_node N`` (gloo on CPU, NCCL on GPU).
 
 The trainer does not wrap the model in DDP: each rank accumulates the gradient of its share
-of a loss whose denominator is already global (``loss_denominator(..., process_group)``), so
-the gradients are summed over ranks once per optimizer step (:func:`all_reduce_gradients`).
+of a loss whose denominators are already global (``LossConfig.denominators`` of the
+mini-batch's ``TokenSums`` reduced over ranks), so the gradients are summed over ranks once
+per optimizer step (:func:`all_reduce_gradients`).
 """
 
 from __future__ import annotations

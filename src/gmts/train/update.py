@@ -22,13 +22,9 @@ import torch
 
 from gmts.core.config import SelectionConfig
 from gmts.core.logprobs import TokenStatistics, token_statistics
-from gmts.core.objectives import (
-    ObjectiveConfig,
-    gradient_coefficient,
-    loss_denominator,
-    policy_loss,
-)
-from gmts.core.scores import SCORE_REQUIREMENTS, ScoreInputs, compute_scores
+from gmts.core.loss import LossConfig, TokenSums, policy_loss
+from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
+from gmts.core.scores import ScoreInputs, compute_scores, score_requirements
 from gmts.core.selection import select_tokens
 from gmts.core.step import select_for_update
 from gmts.train.batch import TrainBatch
@@ -53,7 +49,7 @@ class UpdateSettings:
 
 def needs_logit_grad_norm(selection: SelectionConfig) -> bool:
     """Whether the configured score reads the per-token logit-gradient norm."""
-    return selection.score != "none" and "logit_grad_norm" in SCORE_REQUIREMENTS[selection.score]
+    return "logit_grad_norm" in score_requirements(selection.score)
 
 
 def micro_slices(num_rows: int, size: int) -> Iterator[slice]:
@@ -138,26 +134,36 @@ def _select(
     info: DistInfo,
     step: int,
 ) -> torch.Tensor | None:
-    """The ``(B, T)`` selection of the whole mini-batch (global over ranks); None for 'none'."""
+    """The ``(B, T)`` selection of the mini-batch (global over ranks); None for 'none'.
+
+    With ``selection.unit == "micro-batch"`` each micro-batch (the i-th of every rank together)
+    is selected on its own, as TRL does; otherwise the whole mini-batch at once (the paper).
+    """
     sel = settings.selection
-    if sel.score == "none":
+    if not sel.enabled:
         return None
     assert current is not None
-    result = select_for_update(
-        sel,
-        settings.objective,
-        logprobs=current.logprobs,
-        old_logprobs=batch.old_logprobs,
-        advantages=batch.advantages,
-        response_mask=batch.response_mask,
-        entropy=current.entropy,
-        ref_logprobs=batch.ref_logprobs,
-        logit_grad_norm=current.logit_grad_norm,
-        group_ids=batch.group_ids,
-        process_group=info.group,
-        step=step,
-    )
-    return result.selected
+    size = settings.micro_batch_size if sel.unit == "micro-batch" else batch.num_rows
+    parts = []
+    for s in micro_slices(batch.num_rows, size):
+        result = select_for_update(
+            sel,
+            settings.objective,
+            logprobs=current.logprobs[s],
+            old_logprobs=batch.old_logprobs[s],
+            advantages=batch.advantages[s],
+            response_mask=batch.response_mask[s],
+            entropy=current.entropy[s],
+            ref_logprobs=None if batch.ref_logprobs is None else batch.ref_logprobs[s],
+            logit_grad_norm=(
+                None if current.logit_grad_norm is None else current.logit_grad_norm[s]
+            ),
+            group_ids=batch.group_ids[s],
+            process_group=info.group,
+            step=step,
+        )
+        parts.append(result.selected)
+    return torch.cat(parts)
 
 
 def selection_metrics(
@@ -201,6 +207,7 @@ def selection_metrics(
                     scope=settings.selection.scope,
                     group_ids=batch.group_ids,
                     process_group=info.group,
+                    count=settings.selection.count,
                 )
             )
         sums += [(masks[0] & masks[1]).sum(), (masks[0] | masks[1]).sum()]
@@ -270,7 +277,7 @@ def update_minibatch(
         batch.old_logprobs = fused.logprobs.detach()
         batch.old_entropy = fused.entropy
         current = TokenStatistics(batch.old_logprobs, fused.entropy, fused.logit_grad_norm)
-    if current is None and (sel.score != "none"):
+    if current is None and sel.enabled:
         current = batched_statistics(
             model,
             batch,
@@ -285,15 +292,12 @@ def update_minibatch(
     if current is not None:
         metrics.update(selection_metrics(settings, batch, current, selected, info))
 
-    normalize, kl_tokens = sel.normalize, sel.kl_tokens
-    denominator = loss_denominator(mask, selected, objective.aggregation, normalize, group)
-    kl_denominator = None
-    if objective.kl_coef > 0 and kl_tokens == "all" and selected is not None:
-        kl_denominator = loss_denominator(mask, None, objective.aggregation, "all", group)
+    loss_config = LossConfig.of(objective, sel)
+    denominators = loss_config.denominators(TokenSums.count(mask, selected).all_reduce(group))
 
     # the optimizer's own list: under FSDP, model.parameters() can be the gathered (unsharded)
     # tensors between a forward and its backward; the sharded ones hold the gradients
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
     optimizer.zero_grad(set_to_none=True)
     finite = True
     loss_total = 0.0
@@ -308,19 +312,17 @@ def update_minibatch(
             chunk_size=settings.chunk_size,
             autocast=autocast,
         )
-        loss, loss_metrics = policy_loss(
+        loss, sums = policy_loss(
             stats.logprobs,
             micro.old_logprobs,
             micro.advantages,
             micro.response_mask,
-            ref_logprobs=micro.ref_logprobs,
+            loss_config,
             selected=None if selected is None else selected[s],
-            normalize=normalize,
-            kl_tokens=kl_tokens,
-            denominator=denominator,
-            kl_denominator=kl_denominator,
-            **objective.loss_kwargs(),
+            ref_logprobs=micro.ref_logprobs,
+            denominators=denominators,
         )
+        loss_metrics = sums.metrics()
         # backward even when not finite: every rank must reach the same collectives (FSDP's
         # reduce-scatters run inside backward); the step is then skipped on every rank
         finite = finite and bool(torch.isfinite(loss))

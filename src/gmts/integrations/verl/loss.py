@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
-from gmts.core.objectives import ObjectiveConfig, loss_denominator
-from gmts.core.scores import SCORE_REQUIREMENTS
+from gmts.core.loss import TokenSums
+from gmts.core.objectives import ObjectiveConfig
+from gmts.core.scores import score_requirements
 from gmts.core.step import select_for_update
 from gmts.integrations.verl.settings import GMTSVerlSettings
 
@@ -88,7 +89,7 @@ def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
     """Raise ``ValueError`` for verl actor settings GMTS cannot honour."""
     problems = []
     selection = settings.selection
-    needs_omega = selection.enabled and "omega" in SCORE_REQUIREMENTS[selection.score]
+    needs_omega = selection.enabled and "omega" in score_requirements(selection.score)
     if needs_omega and _loss_mode(config) != "vanilla":
         problems.append(
             f"policy_loss.loss_mode={_loss_mode(config)!r}: omega-based scores assume verl's "
@@ -172,9 +173,8 @@ def prepare_selection(
         step=step,
     )
     selected = response_mask if result.selected is None else result.selected & response_mask
-    num_selected = loss_denominator(
-        response_mask, selected, "token-mean", "selected", process_group
-    )
+    counts = TokenSums.count(response_mask, selected).all_reduce(process_group)
+    num_selected = max(counts["selected_tokens"], 1.0)
     data[SELECTED_KEY] = selected.to(home)
     threshold = math.nan if result.threshold is None else float(result.threshold)
     tu.assign_non_tensor(data, **{NUM_SELECTED_KEY: num_selected, THRESHOLD_KEY: threshold})

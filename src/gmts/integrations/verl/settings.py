@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gmts.core.config import SelectionConfig
-from gmts.core.scores import SCORE_REQUIREMENTS
+from gmts.core.scores import score_requirements
 
 __all__ = ["ENV_VAR", "SCORE_INPUTS", "GMTSVerlSettings"]
 
@@ -59,7 +59,13 @@ class GMTSVerlSettings:
             )
         if not self.selection.enabled:
             return
-        needs = SCORE_REQUIREMENTS[self.selection.score]
+        if self.selection.unit != "mini-batch":
+            raise ValueError(
+                f"unit={self.selection.unit!r}: the verl plugin selects on each whole mini-batch "
+                "before verl splits it (its micro-batches differ in size across ranks); use "
+                "unit=mini-batch"
+            )
+        needs = score_requirements(self.selection.score)
         if not needs <= _VERL_SCORE_FIELDS:
             raise ValueError(
                 f"score {self.selection.score!r} needs {sorted(needs - _VERL_SCORE_FIELDS)}, which "
@@ -106,8 +112,6 @@ class GMTSVerlSettings:
         values = dict(values)
         parsed: dict[str, Any] = {}
         preset = values.pop("preset", None)
-        if preset is not None:
-            parsed.update(asdict(SelectionConfig.preset(str(preset))))
         for key, raw in values.items():
             default = types.get(key)
             if isinstance(default, bool):
@@ -127,6 +131,9 @@ class GMTSVerlSettings:
                     raise ValueError(f"gmts.{key} must be a number, got {raw!r}") from err
             else:
                 parsed[key] = str(raw)
+        if preset is not None:  # presets may depend on the score
+            score = parsed.get("score", types["score"])
+            parsed = asdict(SelectionConfig.preset(str(preset), score=score)) | parsed
         return cls.from_dict(parsed)
 
     def to_env_value(self, *, encoded: bool = False) -> str:

@@ -1,0 +1,408 @@
+"""The loss of a batch: one configuration, one divisor rule, one record of token sums.
+
+Everything an engine needs to turn per-token objectives into the loss it back-propagates lives
+here, so the standalone trainer, TRL and verl compute it the same way:
+
+- :class:`LossConfig`: the objective plus how the loss is normalised (``normalize``) and which
+  tokens carry the KL (``kl_tokens``);
+- :class:`TokenSums`: a small float64 vector of per-token sums (counts, clip counts, entropy,
+  KL) of a batch. Sums add up over micro-batches and over ranks, so an engine reduces them with
+  its own collective, once, and reads divisors and metrics from the result;
+- :meth:`LossConfig.denominators`: the divisors of the policy and KL terms, the one place that
+  rule is written;
+- :func:`policy_loss`: the loss of a (micro-)batch given those divisors.
+
+The rule (P = tokens that carry the policy term, ``mask & selected``, or ``mask`` without a
+selection; N = valid tokens; S = selected valid tokens):
+
+    selection and normalize='selected'  (the paper's eq. 2, whatever the objective's aggregation)
+        loss = sum_P (-s) / S  +  kl_coef * sum_P D / S            kl_tokens='selected'
+                               +  kl_coef * sum_M D / N            kl_tokens='all'
+    otherwise (normalize='all', or no selection): the objective's aggregation A, counting N
+        loss = A(-s over P)  +  kl_coef * A(D over P)              kl_tokens='selected'
+                             +  kl_coef * A(D over M)              kl_tokens='all'
+
+where A divides by N (token-mean), by the rows with a valid token (seq-mean-*, each row first
+by its |o_i| for seq-mean-token-mean) or by 1 (sum). Without a selection P = M, so
+``normalize`` and ``kl_tokens`` make no difference and GRPO's aggregation gives eq. 1, DAPO's
+gives DAPO's token-mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gmts.core import distributed as dist_utils
+from gmts.core._config_utils import check_choice
+from gmts.core._config_utils import help_meta as _help
+from gmts.core.aggregation import Aggregation, get_aggregation
+from gmts.core.objectives import ObjectiveConfig, TokenObjective, token_objective
+
+__all__ = [
+    "KL_TOKEN_MODES",
+    "NORMALIZE_MODES",
+    "LossConfig",
+    "LossDenominators",
+    "TokenSums",
+    "policy_loss",
+]
+
+NORMALIZE_MODES = ("selected", "all")
+KL_TOKEN_MODES = ("selected", "all")
+
+_EQ2 = get_aggregation("token-mean")
+
+NORMALIZE_HELP = (
+    "Loss divisor with a selection: selected (1/S_rho as a token-mean over the batch: the "
+    "paper's eq. 2, for GRPO and DAPO alike) or all (the objective's own aggregation over all "
+    "valid tokens, unselected tokens contributing 0: the authors' code and TRL)."
+)
+KL_TOKENS_HELP = (
+    "Tokens that carry the KL penalty: selected (KL inside l, eq. 2) or all (every valid "
+    "token, as every existing implementation)."
+)
+
+
+@dataclass(frozen=True)
+class LossDenominators:
+    """The divisors of one mini-batch's loss (global over ranks), computed once before
+    micro-batching and passed to every :func:`policy_loss` call of that mini-batch."""
+
+    policy: float
+    kl: float
+
+    def __post_init__(self) -> None:
+        for name in ("policy", "kl"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+            ):
+                raise ValueError(f"denominators.{name} must be a finite number > 0, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# token sums
+
+
+_SUM_FIELDS = (
+    "valid_tokens",
+    "selected_tokens",
+    "valid_rows",
+    "clipped_low",
+    "clipped_high",
+    "dual_clipped",
+    "clipped_selected",
+    "positive_selected",
+    "entropy",
+    "entropy_selected",
+    "kl",
+)
+_GROUPS = {  # optional groups of fields: measured only when the inputs were given
+    "objective": ("clipped_low", "clipped_high", "dual_clipped", "clipped_selected"),
+    "advantages": ("positive_selected",),
+    "entropy": ("entropy", "entropy_selected"),
+    "kl": ("kl",),
+}
+
+
+@dataclass(frozen=True)
+class TokenSums:
+    """Per-token sums over a batch, as one float64 vector that adds over micro-batches and ranks.
+
+    Build it with :meth:`count` (counts only: enough for the divisors) or get it from
+    :func:`policy_loss` (counts plus clip, advantage, entropy and KL sums for metrics). Reduce
+    it over ranks with :meth:`all_reduce` (a torch.distributed group) or :meth:`reduced` (any
+    collective, e.g. ``accelerator.reduce``), then read :meth:`denominators` via
+    :class:`LossConfig` or :meth:`metrics`.
+
+    Attributes:
+        values: ``(F,)`` float64, one entry per name in :attr:`FIELDS`.
+        selection: whether a selection mask was given (else selected == valid).
+        measured: which optional groups were measured ("objective", "advantages", "entropy",
+            "kl"); metrics of the others are not reported.
+    """
+
+    values: torch.Tensor
+    selection: bool
+    measured: frozenset[str] = frozenset()
+
+    FIELDS = _SUM_FIELDS
+
+    def __post_init__(self) -> None:
+        if tuple(self.values.shape) != (len(_SUM_FIELDS),) or self.values.dtype != torch.float64:
+            raise ValueError(f"values must be float64 of shape ({len(_SUM_FIELDS)},)")
+        unknown = set(self.measured) - set(_GROUPS)
+        if unknown:
+            raise ValueError(f"unknown measured groups {sorted(unknown)}")
+
+    @classmethod
+    def count(cls, mask: torch.Tensor, selected: torch.Tensor | None = None) -> TokenSums:
+        """Only the counts of a batch: valid tokens, selected valid tokens, rows with a valid
+        token. ``mask``: ``(B, T)`` bool; ``selected``: ``(B, T)`` bool or None."""
+        mask = _as_mask(mask, mask, "mask")
+        if selected is not None:
+            selected = _as_mask(selected, mask, "selected")
+        return cls._build(mask, selected)
+
+    @classmethod
+    def _build(
+        cls,
+        mask: torch.Tensor,
+        selected: torch.Tensor | None,
+        *,
+        parts: TokenObjective | None = None,
+        advantages: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        kl: torch.Tensor | None = None,
+    ) -> TokenSums:
+        with torch.no_grad():
+            carriers = mask & selected if selected is not None else mask  # (B, T)
+            zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+            sums = dict.fromkeys(_SUM_FIELDS, zero)
+            sums["valid_tokens"] = mask.sum()
+            sums["selected_tokens"] = carriers.sum()
+            sums["valid_rows"] = mask.any(-1).sum()
+            measured = set()
+
+            def masked_sum(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+                return torch.where(where, x.detach().double(), zero).sum()
+
+            if parts is not None:
+                measured.add("objective")
+                sums["clipped_low"] = (parts.clipped_low & mask).sum()
+                sums["clipped_high"] = (parts.clipped_high & mask).sum()
+                sums["dual_clipped"] = (parts.dual_clipped & mask).sum()
+                sums["clipped_selected"] = (parts.clipped & carriers).sum()
+            if advantages is not None:
+                measured.add("advantages")
+                sums["positive_selected"] = ((advantages > 0) & carriers).sum()
+            if entropy is not None:
+                measured.add("entropy")
+                sums["entropy"] = masked_sum(entropy, mask)
+                sums["entropy_selected"] = masked_sum(entropy, carriers)
+            if kl is not None:
+                measured.add("kl")
+                sums["kl"] = masked_sum(kl, mask)
+            values = torch.stack([sums[k].double() for k in _SUM_FIELDS])
+        return cls(values, selected is not None, frozenset(measured))
+
+    def __getitem__(self, name: str) -> float:
+        """One sum by field name, as a Python float."""
+        return float(self.values[_SUM_FIELDS.index(name)])
+
+    def __add__(self, other: TokenSums) -> TokenSums:
+        """Sums of two disjoint parts of one batch (e.g. two micro-batches)."""
+        if not isinstance(other, TokenSums):
+            return NotImplemented
+        if other.selection != self.selection:
+            raise ValueError("cannot add TokenSums with and without a selection")
+        values = self.values + other.values.to(self.values.device)
+        return TokenSums(values, self.selection, self.measured & other.measured)
+
+    def reduced(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> TokenSums:
+        """The sums over every rank, with ``reduce_sum`` the engine's sum collective
+        (a function ``(F,) tensor -> (F,) tensor``)."""
+        values = reduce_sum(self.values.clone())
+        return TokenSums(values.to(torch.float64), self.selection, self.measured)
+
+    def all_reduce(self, process_group: Any = None) -> TokenSums:
+        """The sums over the ranks of ``process_group`` (None: this process only)."""
+        return self.reduced(lambda v: dist_utils.all_reduce_sum(v, process_group))
+
+    def metrics(self) -> dict[str, float]:
+        """Fractions and means (Python floats; a mean over an empty set is nan).
+
+        selected_fraction; with the objective: clip_fraction (of valid tokens, any clip),
+        clip_low_fraction, clip_high_fraction, dual_clip_fraction, clip_fraction_selected; with
+        advantages: positive_advantage_fraction_selected; with entropy: entropy_mean,
+        entropy_selected_mean; with the KL: kl_mean (of D over valid tokens).
+        """
+        v = dict(zip(_SUM_FIELDS, self.values.tolist()))
+        n, s = v["valid_tokens"], v["selected_tokens"]
+        out = {"selected_fraction": _ratio(s, n)}
+        if "objective" in self.measured:
+            clipped = v["clipped_low"] + v["clipped_high"] + v["dual_clipped"]
+            out["clip_fraction"] = _ratio(clipped, n)
+            out["clip_low_fraction"] = _ratio(v["clipped_low"], n)
+            out["clip_high_fraction"] = _ratio(v["clipped_high"], n)
+            out["dual_clip_fraction"] = _ratio(v["dual_clipped"], n)
+            out["clip_fraction_selected"] = _ratio(v["clipped_selected"], s)
+        if "advantages" in self.measured:
+            out["positive_advantage_fraction_selected"] = _ratio(v["positive_selected"], s)
+        if "entropy" in self.measured:
+            out["entropy_mean"] = _ratio(v["entropy"], n)
+            out["entropy_selected_mean"] = _ratio(v["entropy_selected"], s)
+        if "kl" in self.measured:
+            out["kl_mean"] = _ratio(v["kl"], n)
+        return out
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
+
+
+# ------------------------------------------------------------------------------------------
+# configuration and divisors
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Everything that turns per-token objectives into one loss (see the module docstring)."""
+
+    objective: ObjectiveConfig = field(
+        default_factory=ObjectiveConfig,
+        metadata=_help("The clipped objective: clip range, dual clip, KL and aggregation."),
+    )
+    normalize: str = field(default="selected", metadata=_help(NORMALIZE_HELP))
+    kl_tokens: str = field(default="selected", metadata=_help(KL_TOKENS_HELP))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.objective, ObjectiveConfig):
+            raise ValueError(
+                f"objective must be an ObjectiveConfig, got {type(self.objective).__name__}"
+            )
+        check_choice("normalize", self.normalize, NORMALIZE_MODES)
+        check_choice("kl_tokens", self.kl_tokens, KL_TOKEN_MODES)
+
+    @classmethod
+    def of(cls, objective: ObjectiveConfig, selection: Any) -> LossConfig:
+        """The loss of ``objective`` trained on ``selection``'s tokens (a SelectionConfig)."""
+        return cls(objective, normalize=selection.normalize, kl_tokens=selection.kl_tokens)
+
+    def aggregation(self, selection: bool) -> Aggregation:
+        """The aggregation applied: eq. 2's token-mean with a selection and
+        ``normalize='selected'``, else the objective's own."""
+        if selection and self.normalize == "selected":
+            return _EQ2
+        return get_aggregation(self.objective.aggregation)
+
+    def denominators(self, sums: TokenSums) -> LossDenominators:
+        """The policy and KL divisors for a batch whose (reduced) counts are ``sums``.
+
+        Every divisor is at least 1 (an empty batch gives a zero loss).
+        """
+        if not isinstance(sums, TokenSums):
+            raise ValueError(f"sums must be TokenSums, got {type(sums).__name__}")
+        aggregation = self.aggregation(sums.selection)
+        eq2 = sums.selection and self.normalize == "selected"
+        if aggregation.divisor == "tokens":
+            policy = sums["selected_tokens"] if eq2 else sums["valid_tokens"]
+        elif aggregation.divisor == "rows":
+            policy = sums["valid_rows"]
+        else:
+            policy = 1.0
+        kl = sums["valid_tokens"] if eq2 and self.kl_tokens == "all" else policy
+        return LossDenominators(policy=max(policy, 1.0), kl=max(kl, 1.0))
+
+
+# ------------------------------------------------------------------------------------------
+# the loss
+
+
+def _as_mask(mask: Any, reference: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise ValueError(f"{name} must be a torch.Tensor of shape (B, T)")
+    if tuple(mask.shape) != tuple(reference.shape):
+        raise ValueError(
+            f"{name} must have shape {tuple(reference.shape)} (like logprobs), "
+            f"got {tuple(mask.shape)}"
+        )
+    if mask.dtype != torch.bool:
+        fractional = mask.dtype.is_floating_point or mask.is_complex()
+        if fractional and bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError(f"{name} must be boolean or 0/1 valued")
+        mask = mask != 0
+    return mask
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig | None = None,
+    *,
+    selected: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    denominators: LossDenominators | None = None,
+) -> tuple[torch.Tensor, TokenSums]:
+    """The (token-selective) clipped policy loss of a batch, and its token sums.
+
+    Args:
+        logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
+        old_logprobs: ``(B, T)`` log pi_old. advantages: ``(B,)`` or ``(B, T)``.
+        mask: ``(B, T)`` bool response mask.
+        config: the objective, ``normalize`` and ``kl_tokens`` (default: ``LossConfig()``,
+            DAPO's clip range without KL, eq. 2 normalisation).
+        selected: ``(B, T)`` bool selection, or None (train on every valid token).
+        ref_logprobs: ``(B, T)`` log pi_ref, required when the objective's kl_coef > 0.
+        entropy: ``(B, T)``, only for the entropy sums of the returned record.
+        denominators: the mini-batch's divisors from :meth:`LossConfig.denominators` on its
+            reduced :class:`TokenSums` (for micro-batching and several ranks: the micro-batch
+            losses then add up to the mini-batch loss, and rank losses to the global loss, so
+            gradients must be SUMMED over ranks; DDP averages them, so multiply by the world
+            size there). None: this batch's own divisors.
+
+    Returns:
+        ``(loss, sums)``: the scalar loss to minimise and this batch's (unreduced)
+        :class:`TokenSums`, with clip, advantage, entropy (if given) and KL (if
+        ``ref_logprobs``) sums for metrics.
+    """
+    config = LossConfig() if config is None else config
+    if not isinstance(config, LossConfig):
+        raise ValueError(f"config must be a LossConfig, got {type(config).__name__}")
+    if denominators is not None and not isinstance(denominators, LossDenominators):
+        raise ValueError(
+            f"denominators must be LossDenominators, got {type(denominators).__name__}"
+        )
+    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
+        raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
+    mask = _as_mask(mask, logprobs, "mask")
+    if selected is not None:
+        selected = _as_mask(selected, logprobs, "selected")
+    for name, t in (("entropy", entropy),):
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != logprobs.shape):
+            raise ValueError(f"{name} must be a torch.Tensor of shape {tuple(logprobs.shape)}")
+    objective = config.objective
+
+    # Padding never reaches the objective (r = 1, D = 0 there), so garbage log-probs at
+    # masked positions (inf, nan, huge ratios) cannot leak nan into the gradients.
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+
+    def clean(t: torch.Tensor | None) -> torch.Tensor | None:
+        if not isinstance(t, torch.Tensor):
+            return t  # token_objective names the bad argument
+        return torch.where(mask, t.to(logprobs.dtype), zero) if t.shape == mask.shape else t
+
+    parts = token_objective(
+        clean(logprobs),
+        clean(old_logprobs),
+        advantages,
+        ref_logprobs=clean(ref_logprobs),
+        **objective.omega_kwargs(),
+    )
+    carriers = mask & selected if selected is not None else mask  # P
+    adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logprobs)
+    sums = TokenSums._build(
+        mask,
+        selected,
+        parts=parts,
+        advantages=adv,
+        entropy=entropy,
+        kl=parts.kl if ref_logprobs is not None else None,
+    )
+    if denominators is None:
+        denominators = config.denominators(sums)
+    aggregation = config.aggregation(selected is not None)
+    loss = aggregation.total(-parts.surrogate, carriers, mask) / denominators.policy
+    if objective.kl_coef > 0:
+        kl_carriers = carriers if config.kl_tokens == "selected" else mask
+        kl_term = aggregation.total(parts.kl, kl_carriers, mask) / denominators.kl
+        loss = loss + objective.kl_coef * kl_term
+    return loss, sums

@@ -1,0 +1,408 @@
+"""The conformance matrix: one fixed batch, every selection preset x {GRPO, DAPO}, every engine.
+
+Each engine computes the loss of the batch and its gradient with respect to the per-token
+log-probs; every cell must equal the reference written here from the paper's equations, or
+the engine must refuse the combination with a clear error. Engines:
+
+- ``reference``: this file, from the equations (plain loops for the selection, torch ops for
+  the objective), independent of gmts.core's loss code;
+- ``core``: README's composition (``select_for_update`` + ``policy_loss(LossConfig.of(...))``);
+- ``trainer``: the standalone trainer's mini-batch update (``gmts.train.update``) with the
+  model's forward replaced by the fixed log-probs;
+- ``trl``: ``GMTSGRPOTrainer._compute_loss`` with TRL's forward replaced likewise;
+- ``verl``: the verl plugin's loss on a mini-batch built with verl's own functions (in the
+  verl environment only).
+
+Not a test module: loaded by the ``test_conformance_*.py`` files and runnable as a script that
+prints the Markdown table of docs/semantics.md (``python tests/conformance/_matrix.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import gmts
+
+B, T = 6, 7
+LENGTHS = (7, 3, 5, 1, 6, 4)  # unequal rows; one of a single token
+GROUP_SIZE = 2  # rows (2i, 2i + 1) answer question i
+BETA = 0.05  # GRPO's KL weight here (large enough to matter)
+RATIO = 0.3
+SCORE = "gmts"
+PRESETS = ("paper", "reference-code", "trl")
+ALGORITHMS = ("grpo", "dapo")
+ENGINES = ("core", "trainer", "trl", "verl")
+DTYPE = torch.float64
+
+
+def objective(algorithm: str) -> gmts.ObjectiveConfig:
+    """GRPO (seq-mean-token-mean, k3 KL) or DAPO (token-mean, no KL), clip 0.2 / 0.28."""
+    if algorithm == "grpo":
+        return gmts.ObjectiveConfig.preset("grpo", kl_coef=BETA)
+    return gmts.ObjectiveConfig.preset("dapo")
+
+
+def selection(preset: str) -> gmts.SelectionConfig:
+    return gmts.SelectionConfig.preset(preset, score=SCORE, ratio=RATIO)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The fixed batch; every tensor float64 ``(B, T)`` unless noted."""
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    entropy: torch.Tensor  # float32-representable values (engines score in float32 or 64)
+    advantages: torch.Tensor  # (B,)
+    mask: torch.Tensor  # bool
+    group_ids: torch.Tensor  # (B,) long
+
+
+def fixed_batch() -> Batch:
+    """Rows of unequal lengths, group-normalised advantages, a KL term, and a tie in the GMTS
+    score straddling the cut of the whole-batch selection (two tokens with equal score, of which
+    the tie rule takes only the first in row-major order)."""
+    g = torch.Generator().manual_seed(7)
+    mask = torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]
+    old = -0.5 - 2.5 * torch.rand(B, T, generator=g, dtype=DTYPE)
+    logprobs = old + 0.25 * torch.randn(B, T, generator=g, dtype=DTYPE)  # ratios around 1
+    ref = old + 0.25 * torch.randn(B, T, generator=g, dtype=DTYPE)
+    entropy = (0.05 + 2.0 * torch.rand(B, T, generator=g)).to(DTYPE)  # float32 values
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5], dtype=DTYPE)
+    advantages = gmts.group_advantages(rewards, GROUP_SIZE)
+    # the tie: copy token a's (log-prob, old, entropy) onto token b of a row with the same
+    # advantage, so both have the same omega and entropy, then place them at the cut
+    a, b = (4, 2), (5, 1)
+    advantages[5] = advantages[4]
+    logprobs[b], old[b], entropy[b] = logprobs[a], old[a], entropy[a]
+    batch = Batch(logprobs, old, ref, entropy, advantages, mask, torch.arange(B) // GROUP_SIZE)
+    return _with_tie_at_the_cut(batch, a, b)
+
+
+def _with_tie_at_the_cut(batch: Batch, a: tuple[int, int], b: tuple[int, int]) -> Batch:
+    """Scale token a's (and b's) entropy so that their shared DAPO GMTS score is the k-th best
+    of the batch: one of the two is selected, the other is not."""
+    omega = _omega(batch, objective("dapo"), weighted=False)
+    score = (batch.entropy * omega).abs()
+    k = math.ceil(RATIO * int(batch.mask.sum()))
+    # put the pair between the (k-1)-th and k-th best of the other tokens
+    others = [
+        float(score[i, t])
+        for i in range(B)
+        for t in range(T)
+        if batch.mask[i, t] and (i, t) not in (a, b)
+    ]
+    others.sort(reverse=True)
+    target = 0.5 * (others[k - 2] + others[k - 1])
+    factor = target / float(score[a])
+    entropy = batch.entropy.clone()
+    entropy[a] = entropy[b] = float(torch.tensor(float(entropy[a]) * factor).float())
+    return Batch(
+        batch.logprobs,
+        batch.old_logprobs,
+        batch.ref_logprobs,
+        entropy,
+        batch.advantages,
+        batch.mask,
+        batch.group_ids,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# the reference, from the equations
+
+
+def _omega(batch: Batch, obj: gmts.ObjectiveConfig, weighted: bool) -> torch.Tensor:
+    """omega = r A I(r, A) + beta (rho - 1) (the digest), times 1/|o_i| when ``weighted``."""
+    r = torch.exp(batch.logprobs - batch.old_logprobs)
+    adv = batch.advantages[:, None].expand(B, T)
+    clipped = ((adv > 0) & (r > 1 + obj.clip_high)) | ((adv < 0) & (r < 1 - obj.clip_low))
+    omega = torch.where(clipped, 0.0, r * adv)
+    if obj.kl_coef:
+        omega = omega + obj.kl_coef * (torch.exp(batch.ref_logprobs - batch.logprobs) - 1)
+    if weighted:
+        omega = omega / torch.tensor(LENGTHS, dtype=DTYPE)[:, None]
+    return omega
+
+
+def reference_selection(batch: Batch, cfg: gmts.SelectionConfig, algorithm: str) -> torch.Tensor:
+    """Top-k by |E * omega| per unit, ties to the first token in row-major order."""
+    obj = objective(algorithm)
+    weighted = cfg.omega_weighting and obj.aggregation == "seq-mean-token-mean"
+    score = (batch.entropy * _omega(batch, obj, weighted)).abs()
+    if cfg.score == "entropy":
+        score = batch.entropy
+    units: dict[int, list[tuple[int, int]]] = {}
+    for i in range(B):
+        unit = int(batch.group_ids[i]) if cfg.scope == "group" else 0
+        units.setdefault(unit, []).extend((i, t) for t in range(T) if batch.mask[i, t])
+    selected = torch.zeros(B, T, dtype=torch.bool)
+    for tokens in units.values():
+        n = len(tokens)
+        exact = RATIO * n
+        k = math.floor(exact + 1e-12) if cfg.count == "floor" else max(1, math.ceil(exact - 1e-12))
+        order = sorted(tokens, key=lambda it: (-float(score[it]), it))  # stable tie rule
+        for it in order[:k]:
+            selected[it] = True
+    return selected
+
+
+def reference_loss(
+    batch: Batch, logprobs: torch.Tensor, cfg: gmts.SelectionConfig, algorithm: str
+) -> torch.Tensor:
+    """The loss from the equations: eq. 2 for normalize='selected', otherwise GRPO eq. 1 / DAPO
+    with unselected tokens contributing no policy term (the authors' code, TRL)."""
+    obj = objective(algorithm)
+    sel = reference_selection(batch, cfg, algorithm) & batch.mask
+    r = torch.exp(logprobs - batch.old_logprobs)
+    adv = batch.advantages[:, None].expand(B, T)
+    s = torch.min(r * adv, torch.clamp(r, 1 - obj.clip_low, 1 + obj.clip_high) * adv)
+    x = batch.ref_logprobs - logprobs
+    d = torch.exp(x) - x - 1  # k3
+    beta = obj.kl_coef
+    kl_on = sel if cfg.kl_tokens == "selected" else batch.mask
+    if cfg.normalize == "selected":  # eq. 2: 1/S sum over the selected (KL per kl_tokens)
+        n_sel, n_all = int(sel.sum()), int(batch.mask.sum())
+        kl_den = n_sel if cfg.kl_tokens == "selected" else n_all
+        return -(s * sel).sum() / n_sel + beta * (d * kl_on).sum() / kl_den
+    token_loss = -(s * sel) + beta * (d * kl_on)  # (B, T)
+    if obj.aggregation == "seq-mean-token-mean":  # 1/G sum_i 1/|o_i| sum_t
+        lengths = torch.tensor(LENGTHS, dtype=DTYPE)
+        return ((token_loss * batch.mask).sum(-1) / lengths).sum() / B
+    return (token_loss * batch.mask).sum() / int(batch.mask.sum())
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One engine's result: the loss and d loss / d logprobs ``(B, T)``, or a refusal."""
+
+    loss: float | None = None
+    grad: torch.Tensor | None = None
+    refused: str | None = None
+
+
+def reference(preset: str, algorithm: str) -> Cell:
+    batch = fixed_batch()
+    leaf = batch.logprobs.clone().requires_grad_(True)
+    loss = reference_loss(batch, leaf, selection(preset), algorithm)
+    loss.backward()
+    return Cell(float(loss), leaf.grad)
+
+
+# ------------------------------------------------------------------------------------------
+# engines
+
+
+def core(preset: str, algorithm: str) -> Cell:
+    """README's composition on the whole batch (a single micro-batch, one process)."""
+    batch = fixed_batch()
+    obj, cfg = objective(algorithm), selection(preset)
+    leaf = batch.logprobs.clone().requires_grad_(True)
+    result = gmts.select_for_update(
+        cfg,
+        obj,
+        logprobs=leaf,
+        old_logprobs=batch.old_logprobs,
+        advantages=batch.advantages,
+        response_mask=batch.mask,
+        entropy=batch.entropy,
+        ref_logprobs=batch.ref_logprobs if obj.kl_coef else None,
+        group_ids=batch.group_ids,
+    )
+    loss, _ = gmts.policy_loss(
+        leaf,
+        batch.old_logprobs,
+        batch.advantages,
+        batch.mask,
+        gmts.LossConfig.of(obj, cfg),
+        selected=result.selected,
+        ref_logprobs=batch.ref_logprobs if obj.kl_coef else None,
+    )
+    loss.backward()
+    return Cell(float(loss), leaf.grad)
+
+
+def trainer(preset: str, algorithm: str) -> Cell:
+    """The standalone trainer's mini-batch update with the forward pass replaced by the fixed
+    log-probs (micro-batches of 2 rows; the "trl" preset's unit, a micro-batch, is then the
+    whole batch, as in the TRL engine here)."""
+    from gmts.core.logprobs import TokenStatistics
+    from gmts.train import update as update_mod
+    from gmts.train.batch import TrainBatch
+    from gmts.train.distributed import DistInfo
+
+    batch = fixed_batch()
+    obj, cfg = objective(algorithm), selection(preset)
+    leaf = batch.logprobs.clone().requires_grad_(True)
+    train_batch = TrainBatch(
+        prompt_ids=torch.zeros(B, 1, dtype=torch.long),
+        prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+        response_ids=torch.arange(B)[:, None].expand(B, T).contiguous(),  # row index per row
+        response_mask=batch.mask,
+        rewards=torch.zeros(B),
+        advantages=batch.advantages,
+        group_ids=batch.group_ids,
+        old_logprobs=batch.old_logprobs,
+        old_entropy=batch.entropy,
+        ref_logprobs=batch.ref_logprobs if obj.kl_coef else None,
+    )
+
+    def statistics(model: Any, rows_batch: TrainBatch, **_: Any) -> TokenStatistics:
+        rows = rows_batch.response_ids[:, 0]  # (b,) which rows of the fixed batch
+        return TokenStatistics(leaf[rows], batch.entropy[rows], None)
+
+    def batched(model: Any, rows_batch: TrainBatch, **_: Any) -> TokenStatistics:
+        stats = statistics(model, rows_batch)
+        return TokenStatistics(stats.logprobs.detach(), stats.entropy, None)
+
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    settings = update_mod.UpdateSettings(
+        objective=obj,
+        selection=cfg,
+        micro_batch_size=B if cfg.unit == "micro-batch" else 2,
+        grad_clip=None,
+        overlap_metrics=False,
+    )
+    saved = update_mod.policy_statistics, update_mod.batched_statistics
+    update_mod.policy_statistics, update_mod.batched_statistics = statistics, batched
+    try:
+        metrics, _ = update_mod.update_minibatch(
+            model, optimizer, train_batch, settings, info=DistInfo(), step=0
+        )
+    finally:
+        update_mod.policy_statistics, update_mod.batched_statistics = saved
+    return Cell(metrics["update/loss"], leaf.grad)
+
+
+_TRL_LOSS_TYPE = {"grpo": "grpo", "dapo": "dapo"}
+
+
+def trl(preset: str, algorithm: str) -> Cell:
+    """GMTSGRPOTrainer._compute_loss on the batch as one micro-batch, TRL's forward replaced."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig  # noqa: F401  (TRL must import)
+
+    from gmts.data.tiny_model import TinyModelConfig, build_tiny_model
+    from gmts.data.tokenizer import build_char_tokenizer
+    from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer, gmts_args
+
+    batch = fixed_batch()
+    obj, cfg = objective(algorithm), selection(preset)
+    model_dir = _tiny_model_dir(build_tiny_model, build_char_tokenizer, TinyModelConfig)
+    try:
+        args = GMTSGRPOConfig(
+            output_dir=tempfile.mkdtemp(),
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            report_to="none",
+            per_device_train_batch_size=B,
+            num_generations=GROUP_SIZE,
+            max_completion_length=T,
+            save_strategy="no",
+            seed=0,
+            loss_type=_TRL_LOSS_TYPE[algorithm],
+            beta=obj.kl_coef,
+            epsilon=obj.clip_low,
+            epsilon_high=obj.clip_high,
+            use_bias_correction_kl=False,
+            **gmts_args(cfg),
+        )
+        engine = GMTSGRPOTrainer(
+            model=model_dir,
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "1+1="}] * B),
+            processing_class=AutoTokenizer.from_pretrained(model_dir),
+        )
+    except ValueError as err:
+        return Cell(refused=_first_problem(err))
+    engine.current_gradient_accumulation_steps = 1
+    leaf = batch.logprobs.clone().requires_grad_(True)
+    engine._gmts_forward = lambda model, inputs, **kw: (leaf, batch.entropy, None)
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": batch.mask.long(),
+        "advantages": batch.advantages,
+        "old_per_token_logps": batch.old_logprobs,
+        "num_items_in_batch": batch.mask.sum().to(DTYPE),
+    }
+    if obj.kl_coef:
+        inputs["ref_per_token_logps"] = batch.ref_logprobs
+    engine.model.train()
+    loss = engine._compute_loss(engine.model, inputs)
+    loss.backward()
+    return Cell(float(loss), leaf.grad)
+
+
+_MODEL_DIRS: dict[str, str] = {}
+
+
+def _tiny_model_dir(build_model: Callable, build_tokenizer: Callable, config_cls: Any) -> str:
+    if "trl" not in _MODEL_DIRS:
+        path = tempfile.mkdtemp()
+        tokenizer = build_tokenizer()
+        model = build_model(
+            tokenizer, config_cls(architecture="qwen2", hidden_size=16, num_heads=2, num_layers=1)
+        )
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        _MODEL_DIRS["trl"] = path
+    return _MODEL_DIRS["trl"]
+
+
+def _first_problem(err: Exception) -> str:
+    """The first listed problem of an engine's refusal (one line for the table)."""
+    lines = [line.strip("- ").strip() for line in str(err).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+
+
+ENGINE_FUNCTIONS: dict[str, Callable[[str, str], Cell]] = {
+    "core": core,
+    "trainer": trainer,
+    "trl": trl,
+}
+
+
+def compare(cell: Cell, want: Cell) -> str:
+    """'equal' (loss and gradient within float64 round-off), 'refused' or 'DIFFERS ...'."""
+    if cell.refused is not None:
+        return "refused"
+    loss_ok = math.isclose(cell.loss, want.loss, rel_tol=1e-9, abs_tol=1e-12)
+    grad_err = float((cell.grad - want.grad).abs().max())
+    grad_ok = grad_err <= 1e-9 * max(float(want.grad.abs().max()), 1e-12)
+    if loss_ok and grad_ok:
+        return "equal"
+    return f"DIFFERS (loss {cell.loss!r} vs {want.loss!r}, max grad error {grad_err:.3g})"
+
+
+def markdown_table(statuses: dict[tuple[str, str, str], str]) -> str:
+    """The matrix as docs/semantics.md shows it: rows preset x algorithm, columns engines."""
+    head = "| preset | algorithm | " + " | ".join(ENGINES) + " |"
+    rows = [head, "|" + "---|" * (2 + len(ENGINES))]
+    for preset in PRESETS:
+        for algorithm in ALGORITHMS:
+            cells = [statuses.get((preset, algorithm, e), "not run") for e in ENGINES]
+            rows.append(f"| {preset} | {algorithm.upper()} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    statuses = {}
+    for preset in PRESETS:
+        for algorithm in ALGORITHMS:
+            want = reference(preset, algorithm)
+            for name, fn in ENGINE_FUNCTIONS.items():
+                statuses[(preset, algorithm, name)] = compare(fn(preset, algorithm), want)
+    print(markdown_table(statuses))
