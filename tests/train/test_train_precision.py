@@ -66,3 +66,32 @@ def test_bf16_parameters_would_lose_the_update():
         opt.step()
     unchanged = (weight.detach() == start).double().mean().item()
     assert unchanged > 0.9  # ~98% in the colleague's 1536x1536 measurement
+
+
+def test_export_writes_a_bf16_copy_of_the_float32_checkpoint(tmp_path, capsys):
+    """Checkpoints keep float32 master weights; `gmts export` writes the bf16 serving copy."""
+    from transformers import AutoModelForCausalLM
+
+    from gmts.cli import main
+    from gmts.train.checkpoint import latest_checkpoint
+
+    tiny_dir = _tiny.save_tiny_model(tmp_path / "model")
+    cfg = _tiny.small_config(
+        tiny_dir,
+        tmp_path / "run",
+        "model.dtype=bfloat16",
+        "optim.steps=1",
+        "checkpoint.save_final=true",
+    )
+    Trainer(cfg, reward_fn=_tiny.partial_credit).run()
+    master = AutoModelForCausalLM.from_pretrained(latest_checkpoint(tmp_path / "run") / "model")
+    assert {p.dtype for p in master.parameters()} == {torch.float32}
+    out = tmp_path / "served"
+    assert main(["export", str(tmp_path / "run"), str(out)]) == 0
+    served = AutoModelForCausalLM.from_pretrained(out)
+    assert {p.dtype for p in served.parameters()} == {torch.bfloat16}
+    for a, b in zip(master.parameters(), served.parameters()):
+        assert torch.equal(a.detach().bfloat16(), b.detach())
+    assert (out / "tokenizer_config.json").is_file()
+    assert main(["export", str(tmp_path / "run"), str(out)]) == 2  # never overwrites
+    assert "already exists" in capsys.readouterr().err

@@ -90,16 +90,16 @@ class FullyShard(Strategy):
     @staticmethod
     def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:
         n, p, cb = settings.world_size, shape.params, precision.compute_bytes
-        # gathered during a pass: the root (kept from forward to backward), the current and
-        # the prefetched layer, and in backward one layer's unsharded gradient + its float32
-        # reduce-scatter input
-        gathered = shape.root_params * cb + 2 * shape.layer_params * cb
-        gathered += shape.layer_params * (cb + 4) + shape.root_params * (cb + 4)
+        # gathered during a pass: the root (kept from forward to backward) and the current and
+        # the prefetched layer
+        root = shape.root_params * cb
+        gathered = root + 2 * shape.layer_params * cb
         return Layout(
             weights=4 * p / n,
             gradients=4 * p / n,
             optimizer=8 * p / n,
             compute_copy=gathered,
+            resident_copy=root,
             sampling_copy=p * cb,  # every layer gathered for generation
             reference=(p * cb / n + gathered) if settings.reference else 0.0,
             step_temporaries=4 * p / n,

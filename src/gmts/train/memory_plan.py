@@ -125,9 +125,10 @@ class ActivationCost:
     stream: float
 
 
-def _narrow_config(config: Any, layers: int) -> tuple[Any, int]:
+def _narrow_config(config: Any, layers: int, factor: int | None = None) -> tuple[Any, int]:
     """A copy of ``config`` with ``layers`` layers, widths divided by a common factor ``k``
-    (head size kept) and a small vocabulary; returns ``(config, k)``."""
+    (head size kept; the largest that divides both head counts and leaves a width of at least
+    64, or ``factor``) and a small vocabulary; returns ``(config, k)``."""
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -229,7 +230,9 @@ def _saved_bytes(
 
 
 @functools.lru_cache(maxsize=64)
-def _activation_cost(config_json: str, config_class: str, mode: str) -> ActivationCost:
+def _activation_cost(
+    config_json: str, config_class: str, mode: str, factor: int | None = None
+) -> ActivationCost:
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -237,7 +240,7 @@ def _activation_cost(config_json: str, config_class: str, mode: str) -> Activati
     tokens = 64
     totals, stream = [], 0
     for layers in (1, 2):
-        narrow, k = _narrow_config(config, layers)
+        narrow, k = _narrow_config(config, layers, factor)
         param_dtype = torch.bfloat16 if mode == "bf16-params" else torch.float32
         model = AutoModelForCausalLM.from_config(narrow, dtype=param_dtype)
         model.train()
@@ -271,6 +274,7 @@ class Layout:
     Attributes:
         weights, gradients, optimizer: master weights, their gradients, AdamW's two moments.
         compute_copy: weights in the compute dtype alive during a forward + backward.
+        resident_copy: the part of ``compute_copy`` still alive after a no-grad forward.
         sampling_copy: the weights sampling runs on (besides the master weights).
         reference: the frozen reference model (0 when there is none).
         step_temporaries: float32 temporaries of one AdamW step (torch's foreach AdamW).
@@ -280,6 +284,7 @@ class Layout:
     gradients: float
     optimizer: float
     compute_copy: float
+    resident_copy: float
     sampling_copy: float
     reference: float
     step_temporaries: float
@@ -361,22 +366,25 @@ class MemoryPlan:
         names = list(self.phases)
         parts = list(dict.fromkeys(p for ph in self.phases.values() for p in ph))
         s = self.settings
+        unit, scale = ("GiB", GIB) if self.peak >= GIB else ("MiB", 2**20)
         head = (
             f"memory plan per rank ({s.world_size} x {s.strategy}, {s.dtype}, "
             f"{self.shape.params / 1e9:.2f}B parameters, micro-batch {s.micro_batch_size} x "
             f"{s.prompt_length}+{s.response_length} tokens, {s.generation_rows} rows generated "
-            "at once), GiB:"
+            f"at once), {unit}:"
         )
         width = max(len(p) for p in [*parts, "total"]) + 2
         lines = [head, "".ljust(width) + "".join(f"{n:>12}" for n in names)]
         for part in parts:
             cells = "".join(
-                f"{self.phases[n][part] / GIB:>12.2f}" if part in self.phases[n] else f"{'':>12}"
+                f"{self.phases[n][part] / scale:>12.2f}" if part in self.phases[n] else f"{'':>12}"
                 for n in names
             )
             lines.append(part.ljust(width) + cells)
-        lines.append("total".ljust(width) + "".join(f"{self.total(n) / GIB:>12.2f}" for n in names))
-        lines.append(f"peak: {self.peak / GIB:.2f} GiB ({self.peak_phase})")
+        lines.append(
+            "total".ljust(width) + "".join(f"{self.total(n) / scale:>12.2f}" for n in names)
+        )
+        lines.append(f"peak: {self.peak / scale:.2f} {unit} ({self.peak_phase})")
         return "\n".join(lines)
 
 
@@ -388,7 +396,6 @@ def _mode(settings: PlanSettings) -> str:
 
 def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     """The per-rank memory plan of training ``config``'s model with ``settings``."""
-    from gmts.core.logprobs import default_chunk_size
     from gmts.train.precision import Precision
     from gmts.train.strategy import STRATEGIES
 
@@ -401,52 +408,82 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     s = settings
     seq = s.prompt_length + s.response_length
     tokens = s.micro_batch_size * seq
-    chunk = s.logits_chunk_size or default_chunk_size(shape.vocab)
     logits = s.micro_batch_size * (s.response_length + 1) * shape.vocab * cb  # (mb, T+1, V)
-    blocks = 3 * min(chunk, s.micro_batch_size * s.response_length) * shape.vocab * 4
-    if s.gradient_checkpointing:
-        saved = tokens * (shape.layers * act.stream + act.per_layer + act.outside)
+    blocks = _logit_blocks(s, shape.vocab, precision.mixed)
+    if s.gradient_checkpointing:  # one residual vector per layer kept, a layer recomputed
+        kept = tokens * (shape.layers * act.stream + act.outside)
+        recompute = tokens * act.per_layer
     else:
-        saved = tokens * (shape.layers * act.per_layer + act.outside)
-    layer_work = tokens * act.per_layer  # one layer's activations/gradients in flight
+        kept = tokens * (shape.layers * act.per_layer + act.outside)
+        recompute = 0.0
+    # a forward (no grad) or a layer's backward has about half of what a layer saves for
+    # backward alive at once (the MLP's gate, up and product tensors)
+    layer_work = tokens * act.per_layer / 2
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * cb
-    kv = s.generation_rows * seq * kv_per_token * (1 + 1 / shape.layers)  # + one layer's cat
-    # a no-grad forward keeps about half of what a training forward saves alive at once
-    # (the MLP's gate, up and product tensors); measured against peaks in docs/training.md
+    growth = 1 + 1 / shape.layers  # DynamicCache grows by torch.cat: one layer copied at a time
+    kv_full = s.generation_rows * seq * kv_per_token * growth
+    kv_prompt = s.generation_rows * s.prompt_length * kv_per_token
     prefill = s.generation_rows * s.prompt_length * act.per_layer / 2
-    sample_logits = 3 * s.generation_rows * shape.vocab * 4
+    sample_logits = 3 * s.generation_rows * shape.vocab * 4  # (rows, V) float32 softmax
 
     resident = {"weights": layout.weights, "optimizer": layout.optimizer}
     if layout.reference:
         resident["reference"] = layout.reference
-    phases = {
-        "rollout": {
-            **resident,
-            "sampling copy": layout.sampling_copy,
-            "KV cache": kv,
-            "working set": prefill + sample_logits,
-        },
-        "scoring": {
-            **resident,
-            "compute copy": layout.compute_copy,
-            "logits": logits + blocks,
-            "working set": layer_work / 2,
-        },
-        "update": {
-            **resident,
-            "gradients": layout.gradients,
-            "compute copy": layout.compute_copy,
-            "activations": saved,
-            "logits": 2 * logits + blocks,
-            "working set": layer_work,
-        },
-        "step": {
-            **resident,
-            "gradients": layout.gradients,
-            "working set": layout.step_temporaries,
-        },
+    training = {
+        **resident,
+        "gradients": layout.gradients,
+        "compute copy": layout.compute_copy,
+        "activations": kept,
+    }
+    phases = {  # each phase: the larger of the moments it passes through
+        "rollout": _peak(
+            {
+                **resident,
+                "sampling copy": layout.sampling_copy,
+                "KV cache": kv_full,
+                "working set": sample_logits,
+            },  # the last decoding step
+            {
+                **resident,
+                "sampling copy": layout.sampling_copy,
+                "KV cache": kv_prompt,
+                "working set": prefill,
+            },  # the prefill of the prompts
+        ),
+        "scoring": _peak(
+            {
+                **resident,
+                "compute copy": layout.compute_copy,
+                "logits": logits,
+                "working set": layer_work,
+            },  # end of the forward
+            {**resident, "compute copy": layout.resident_copy, "logits": logits + blocks},
+        ),
+        "update": _peak(
+            {**training, "logits": 2 * logits + blocks},  # logits, their gradient, blocks
+            {**training, "working set": recompute + layer_work},  # a layer's backward
+        ),
+        "step": {**resident, "gradients": layout.gradients, "working set": layout.step_temporaries},
     }
     return MemoryPlan(shape=shape, settings=settings, phases=phases)
+
+
+def _peak(*moments: dict[str, float]) -> dict[str, float]:
+    """The moment with the most bytes alive."""
+    return max(moments, key=lambda m: sum(m.values()))
+
+
+def _logit_blocks(s: PlanSettings, vocab: int, mixed: bool) -> float:
+    """Float32 (n, V) blocks alive at once in :mod:`gmts.core.logprobs`: n tokens per block as
+    its ``_blocks`` cuts a (micro-batch, T) grid; 3 blocks for bf16 logits (the float32 copy,
+    log-softmax, probabilities), 2 for float32 ones (no copy)."""
+    from gmts.core.logprobs import default_chunk_size
+
+    chunk = s.logits_chunk_size or default_chunk_size(vocab)
+    T = s.response_length
+    n = T * max(1, chunk // T) if chunk >= T else chunk
+    n = min(n, s.micro_batch_size * T)
+    return (3 if mixed else 2) * n * vocab * 4
 
 
 class MemoryPlanError(ValueError):

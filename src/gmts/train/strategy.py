@@ -112,12 +112,13 @@ class Replicate(Strategy):
     @staticmethod
     def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:
         p, cb = shape.params, precision.compute_bytes
-        cast = p * cb if precision.mixed else 0.0  # autocast's cached weight casts
+        cast = p * cb if precision.mixed else 0.0  # autocast's weight casts (freed at its exit)
         return Layout(
             weights=4 * p,
             gradients=4 * p,
             optimizer=8 * p,
             compute_copy=cast,
+            resident_copy=0.0,
             sampling_copy=cast,
             reference=p * cb if settings.reference else 0.0,
             step_temporaries=4 * p,
