@@ -59,6 +59,7 @@ def child(
     from transformers import AutoConfig
 
     from gmts.core.config import SelectionConfig
+    from gmts.core.loss import LossConfig
     from gmts.core.objectives import ObjectiveConfig
     from gmts.train.batch import TrainBatch
     from gmts.train.config import load_config
@@ -67,8 +68,9 @@ def child(
     from gmts.train.policy import load_model, load_tokenizer
     from gmts.train.precision import Precision
     from gmts.train.rollout import generate_rollouts
+    from gmts.train.scoring import TokenScorer
     from gmts.train.strategy import make_strategy
-    from gmts.train.update import UpdateSettings, batched_statistics, update_minibatch
+    from gmts.train.update import select_minibatch, update_minibatch
 
     torch.set_num_threads(1)
     P, T, mb, rows = sizes["prompt"], sizes["response"], sizes["micro"], sizes["rows"]
@@ -115,10 +117,9 @@ def child(
         advantages=torch.randn(2 * mb, generator=g),
         group_ids=torch.arange(2 * mb) // 2,
     )
+    scorer = TokenScorer(autocast=strat.autocast)
     if phase == "update":
-        batch.set_old_statistics(
-            batched_statistics(model, batch, micro_batch_size=mb, autocast=strat.autocast)
-        )
+        batch = batch.scored(scorer.no_grad(model, batch, micro_batch_size=mb), None)
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
     baseline = _status_kib("VmRSS") * 1024
@@ -136,23 +137,21 @@ def child(
                 stop_token_ids=[vocab + 7],  # never sampled: every row runs T steps
             )
     elif phase == "scoring":
-        batched_statistics(
-            model, batch.rows(slice(0, mb)), micro_batch_size=mb, autocast=strat.autocast
-        )
-    else:
-        update = UpdateSettings(
-            objective=ObjectiveConfig.preset("dapo"),
-            selection=SelectionConfig(score="gmts", ratio=0.2),
-            micro_batch_size=mb,
+        scorer.no_grad(model, batch.rows(slice(0, mb)), micro_batch_size=mb)
+    else:  # the rollout policy's scores, one selection, one update of two micro-batches
+        objective, selection = ObjectiveConfig.preset("dapo"), SelectionConfig(score="gmts")
+        selected = select_minibatch(
+            batch, batch.old, selection, objective, micro_batch_size=mb, info=info, step=0
         )
         update_minibatch(
             model,
             optimizer,
             batch,
-            update,
-            info=info,
-            step=0,
-            current=batch.old_statistics(),
+            selected,
+            scorer=scorer,
+            loss=LossConfig.of(objective, selection),
+            micro_batch_size=mb,
+            grad_clip=1.0,
             strategy=strat,
         )
     measured = _status_kib("VmHWM") * 1024 - baseline

@@ -118,11 +118,15 @@ class ActivationCost:
         per_layer: saved for backward inside one decoder layer.
         outside: saved outside the decoder layers (embeddings, final norm; not the logits).
         stream: one residual-stream vector (what gradient checkpointing keeps per layer).
+        kv_per_layer: one layer's KV cache entry, keys and values in the dtype the model
+            caches them (under bf16 autocast over float32 parameters they come out float32:
+            twice the cache of bf16 parameters).
     """
 
     per_layer: float
     outside: float
     stream: float
+    kv_per_layer: float
 
 
 def _narrow_config(config: Any, layers: int, factor: int | None = None) -> tuple[Any, int]:
@@ -248,8 +252,21 @@ def _activation_cost(
         saved, stream_bytes = _saved_bytes(model, tokens, autocast)
         totals.append(saved * k / tokens)
         stream = stream_bytes * k
+        kv = _cache_bytes(model, tokens, autocast) * k / tokens / layers
     per_layer = totals[1] - totals[0]
-    return ActivationCost(per_layer=per_layer, outside=totals[0] - per_layer, stream=stream)
+    return ActivationCost(
+        per_layer=per_layer, outside=totals[0] - per_layer, stream=stream, kv_per_layer=kv
+    )
+
+
+def _cache_bytes(model: torch.nn.Module, tokens: int, autocast: torch.dtype | None) -> int:
+    """Bytes of the KV cache after a no-grad forward of ``tokens`` tokens."""
+    ids = torch.arange(tokens).remainder(200)[None, :] + 10  # (1, tokens)
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
+    with torch.no_grad(), ctx:
+        cache = model(input_ids=ids, logits_to_keep=1, use_cache=True).past_key_values
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def activation_cost(config: Any, mode: str) -> ActivationCost:
@@ -419,7 +436,7 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     # a forward (no grad) or a layer's backward has about half of what a layer saves for
     # backward alive at once (the MLP's gate, up and product tensors)
     layer_work = tokens * act.per_layer / 2
-    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * cb
+    kv_per_token = shape.layers * act.kv_per_layer
     growth = 1 + 1 / shape.layers  # DynamicCache grows by torch.cat: one layer copied at a time
     kv_full = s.generation_rows * seq * kv_per_token * growth
     kv_prompt = s.generation_rows * s.prompt_length * kv_per_token

@@ -1,14 +1,15 @@
 """The standalone RLVR trainer: GRPO / DAPO with token selection (none, ETS, GMTS, ...).
 
-One training step (``Trainer.train_step``):
+One training step is ``Trainer.train_step``, readable top to bottom:
 
-    rollout (G samples per question, temperature, KV cache, batched)
-      -> rewards (a raising reward fn gives 0 and is counted) [+ DAPO overlong punishment]
-      -> DAPO dynamic sampling: drop all-equal groups, sample more rounds, top up at the limit
-      -> group advantages
-      -> old log-probs and entropies (no grad, micro-batched); reference log-probs if KL
-      -> for each epoch, for each mini-batch: update_minibatch (score with the current policy,
-         one global selection, one global denominator, micro-batched backward, one step)
+    1. rollout (collect.py): G samples per question, rewards (a raising reward fn gives 0 and
+       is counted) [+ DAPO overlong punishment], DAPO dynamic sampling, group advantages
+    2. reference log-probs if KL (scoring.py, no grad)
+    3. the rollout policy's log-probs and entropies (no grad, micro-batched)
+    4. for each epoch, for each mini-batch: scores of the current policy, ONE global
+       selection (update.select_minibatch), then update.update_minibatch: one global divisor,
+       micro-batched backward, one optimizer step
+    (3 and 4 fuse into update.update_in_one_pass for one update on one micro-batch)
 
 Departures from the paper and why (see docs/training.md for the full list):
 - mini-batches are taken in order (no shuffling) so that groups stay whole and runs are
@@ -32,9 +33,11 @@ from typing import Any
 
 import torch
 
+from gmts.core.logprobs import TokenStatistics
+from gmts.core.loss import LossConfig
 from gmts.train import checkpoint as ckpt
-from gmts.train.batch import TrainBatch
-from gmts.train.collect import collect_batch
+from gmts.train.batch import ScoredBatch
+from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, config_to_dict, dump_yaml
 from gmts.train.context import check_fits, context_limit, longest_prompt
 from gmts.train.distributed import (
@@ -48,6 +51,7 @@ from gmts.train.memory_plan import MemoryPlan, PlanSettings, check_fits_device, 
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import load_model, load_tokenizer, resolve_model_path
 from gmts.train.precision import Precision
+from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.sources import (
     DatasetSource,
     QuestionSource,
@@ -58,9 +62,12 @@ from gmts.train.sources import (
 )
 from gmts.train.strategy import make_strategy
 from gmts.train.update import (
-    UpdateSettings,
-    batched_statistics,
-    needs_logit_grad_norm,
+    Overlap,
+    UpdateResult,
+    select_minibatch,
+    selection_overlap,
+    update_in_one_pass,
+    update_metrics,
     update_minibatch,
 )
 
@@ -190,14 +197,20 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg, self.total_opt_steps)
         )
-        self.settings = UpdateSettings(
-            objective=cfg.objective,
-            selection=cfg.selection,
-            micro_batch_size=cfg.optim.micro_batch_size,
+        self.scorer = TokenScorer(  # every forward of the step goes through it
             temperature=r.temperature,
             chunk_size=cfg.model.logits_chunk_size,
-            grad_clip=cfg.optim.grad_clip,
-            overlap_metrics=cfg.logging.overlap_metrics,
+            autocast=self.strategy.autocast,
+        )
+        self.loss = LossConfig.of(cfg.objective, cfg.selection)
+        self.rows_per_minibatch = cfg.mini_batch_questions // world * r.group_size
+        rows_per_rank = r.questions_per_batch // world * r.group_size
+        # One update per rollout on one micro-batch: the loss's own forward can give the old
+        # log-probs (update_in_one_pass) instead of a separate no-grad pass.
+        self.single_pass = (
+            self.minibatches == 1
+            and cfg.optim.epochs == 1
+            and rows_per_rank <= cfg.optim.micro_batch_size
         )
         self.step = 0
         self.skipped_total = 0
@@ -294,7 +307,7 @@ class Trainer:
             check_fits_device(plan, props.total_memory, f"{self.device} ({props.name})")
         return plan
 
-    def collect(self, step: int) -> tuple[TrainBatch, dict[str, float]]:
+    def collect(self, step: int) -> CollectedBatch:
         """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
         with self.strategy.sampling(self.model):
             return collect_batch(
@@ -313,80 +326,145 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def train_step(self, step: int) -> dict[str, float]:
-        cfg = self.cfg
+        """One step of GRPO / DAPO with token selection, in order; returns its metrics row."""
+        cfg, micro = self.cfg, self.cfg.optim.micro_batch_size
         t0 = time.perf_counter()
-        batch, metrics = self.collect(step)
+        # 1. Rollout: G answers per question, rewards, DAPO dynamic sampling, advantages.
+        collected = self.collect(step)
         t_rollout = time.perf_counter() - t0
-        micro = cfg.optim.micro_batch_size
-        temp, chunk = cfg.rollout.temperature, cfg.model.logits_chunk_size
-        autocast = self.strategy.autocast
+        rollout = collected.batch
+        # 2. Reference log-probs (KL only): the frozen starting policy, no grad.
+        ref = None
         if self.ref_model is not None:
-            batch.ref_logprobs = batched_statistics(
-                self.ref_model,
-                batch,
-                micro_batch_size=micro,
-                temperature=temp,
-                chunk_size=chunk,
-                autocast=autocast,
-            ).logprobs
-        # One update on one micro-batch: the loss's own forward pass gives the old log-probs
-        # (update_minibatch's single-pass mode). Otherwise a no-grad pass, micro-batched.
-        single_pass = self.minibatches == 1 and cfg.optim.epochs == 1 and batch.num_rows <= micro
-        if not single_pass:
-            old = batched_statistics(
+            ref = self.scorer.no_grad(self.ref_model, rollout, micro_batch_size=micro).logprobs
+        opt_step = step * self.minibatches * cfg.optim.epochs  # seeds the random score
+        updates: list[UpdateResult] = []
+        overlaps: list[Overlap] = []
+        if self.single_pass:
+            # 3-4 in one forward: the policy is the rollout policy, one micro-batch.
+            result, batch, selected = update_in_one_pass(
                 self.model,
-                batch,
-                micro_batch_size=micro,
-                temperature=temp,
-                chunk_size=chunk,
-                logit_grad_norm=needs_logit_grad_norm(cfg.selection),
-                autocast=autocast,
+                self.optimizer,
+                rollout,
+                ref,
+                scorer=self.scorer,
+                selection=cfg.selection,
+                loss=self.loss,
+                grad_clip=cfg.optim.grad_clip,
+                strategy=self.strategy,
+                step=opt_step,
             )
-            batch.set_old_statistics(old)
+            updates.append(result)
+            self._advance_schedule()
+            overlaps += self._overlap(batch, batch.old, selected, opt_step)
+        else:
+            # 3. The rollout policy's log-probs and entropies, no grad, micro-batched.
+            old = self.scorer.no_grad(
+                self.model,
+                rollout,
+                micro_batch_size=micro,
+                logit_grad_norm=needs_logit_grad_norm(cfg.selection),
+            )
+            batch = rollout.scored(old, ref)
+            # 4. For each epoch, for each mini-batch (consecutive rows, groups whole):
+            for epoch in range(cfg.optim.epochs):
+                for i in range(self.minibatches):
+                    rows = slice(i * self.rows_per_minibatch, (i + 1) * self.rows_per_minibatch)
+                    minibatch = batch.rows(rows)
+                    selected = None
+                    if cfg.selection.enabled:
+                        # scores of the CURRENT policy: the rollout's until a step changes it
+                        current = minibatch.old
+                        if (epoch, i) != (0, 0):
+                            current = self.scorer.no_grad(
+                                self.model,
+                                minibatch,
+                                micro_batch_size=micro,
+                                logit_grad_norm=needs_logit_grad_norm(cfg.selection),
+                            )
+                        # ONE selection over the whole mini-batch, global across ranks
+                        selected = select_minibatch(
+                            minibatch,
+                            current,
+                            cfg.selection,
+                            cfg.objective,
+                            micro_batch_size=micro,
+                            info=self.info,
+                            step=opt_step,
+                        )
+                        overlaps += self._overlap(minibatch, current, selected, opt_step)
+                    # one global divisor, micro-batched backward, one optimizer step
+                    updates.append(
+                        update_minibatch(
+                            self.model,
+                            self.optimizer,
+                            minibatch,
+                            selected,
+                            scorer=self.scorer,
+                            loss=self.loss,
+                            micro_batch_size=micro,
+                            grad_clip=cfg.optim.grad_clip,
+                            strategy=self.strategy,
+                        )
+                    )
+                    self._advance_schedule()
+                    opt_step += 1
+        step_time = time.perf_counter() - t0
+        return self._metrics(collected, batch, updates, overlaps, t_rollout, step_time)
 
-        rows_per_mb = cfg.mini_batch_questions // self.info.world_size * cfg.rollout.group_size
-        opt_step = step * self.minibatches * cfg.optim.epochs
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for epoch in range(cfg.optim.epochs):
-            for i in range(self.minibatches):
-                rows = slice(i * rows_per_mb, (i + 1) * rows_per_mb)
-                minibatch = batch if single_pass else batch.rows(rows)
-                current = None
-                if not single_pass and epoch == 0 and i == 0:  # policy unchanged since rollout
-                    current = minibatch.old_statistics()
-                m, _ = update_minibatch(
-                    self.model,
-                    self.optimizer,
-                    minibatch,
-                    self.settings,
-                    info=self.info,
-                    step=opt_step,
-                    current=current,
-                    strategy=self.strategy,
-                )
-                with warnings.catch_warnings():  # a skipped (non-finite) step still advances
-                    warnings.simplefilter("ignore", UserWarning)
-                    self.scheduler.step()
-                opt_step += 1
-                for k, v in m.items():
-                    if k == "update/skipped_nonfinite" or math.isfinite(v):
-                        sums[k] = sums.get(k, 0.0) + v
-                        counts[k] = counts.get(k, 0) + 1
-        mask = batch.response_mask  # old_entropy is filled in by now (single-pass mode too)
-        ent = all_reduce_sum(
+    def _overlap(
+        self,
+        batch: ScoredBatch,
+        current: TokenStatistics,
+        selected: torch.Tensor | None,
+        opt_step: int,
+    ) -> list[Overlap]:
+        """``[Overlap]`` of the selection with its GMTS/ETS partner when logged, else []."""
+        if selected is None or not self.cfg.logging.overlap_metrics:
+            return []
+        overlap = selection_overlap(
+            batch,
+            current,
+            selected,
+            self.cfg.selection,
+            self.cfg.objective,
+            micro_batch_size=self.cfg.optim.micro_batch_size,
+            info=self.info,
+            step=opt_step,
+        )
+        return [] if overlap is None else [overlap]
+
+    def _advance_schedule(self) -> None:
+        with warnings.catch_warnings():  # a skipped (non-finite) step still advances
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+
+    def _metrics(
+        self,
+        collected: CollectedBatch,
+        batch: ScoredBatch,
+        updates: list[UpdateResult],
+        overlaps: list[Overlap],
+        t_rollout: float,
+        step_time: float,
+    ) -> dict[str, float]:
+        """The step's ``metrics.jsonl`` row from its records."""
+        metrics = collected.metrics(self.cfg.rollout)
+        mask = batch.response_mask
+        entropy = all_reduce_sum(
             torch.stack([(batch.old_entropy.double() * mask).sum(), mask.sum().double()]),
             self.info,
         )
-        metrics["policy/entropy"] = (ent[0] / ent[1].clamp_min(1)).item()
-        for k, v in sums.items():
-            metrics[k] = v if k == "update/skipped_nonfinite" else v / counts[k]
-        self.skipped_total += int(sums.get("update/skipped_nonfinite", 0))
+        metrics["policy/entropy"] = (entropy[0] / entropy[1].clamp_min(1)).item()
+        metrics.update(update_metrics(updates))
+        if overlaps:
+            total = sum(overlaps[1:], overlaps[0])
+            metrics["select/gmts_ets_jaccard"] = total.both / max(total.either, 1.0)
+        self.skipped_total += int(metrics["update/skipped_nonfinite"])
         metrics["update/skipped_total"] = float(self.skipped_total)
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         if isinstance(self.source, DatasetSource):
             metrics["data/skipped_too_long"] = float(self.source.skipped_too_long)
-        step_time = time.perf_counter() - t0
         metrics["time/rollout_s"] = t_rollout
         metrics["time/update_s"] = step_time - t_rollout
         metrics["time/step_s"] = step_time
@@ -414,6 +492,7 @@ class Trainer:
                     seed=self.cfg.seed,
                     batch_size=self.cfg.rollout.generation_batch_size,
                 )
+        barrier(self.info)  # the other ranks wait for rank 0's evaluation
         return result
 
     def save(self) -> None:
