@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# Create .venv and install gmts into it. Usage: scripts/setup.sh [demo|test]
-#   demo: the core, the trainer and the rewards (enough for `gmts demo`)
-#   test: everything the test suite needs, TRL and verl included
+# Create the virtual environments and install gmts into them.
+# Usage: scripts/setup.sh [demo|test|verl]
+#   demo: .venv with the core, the trainer and the rewards (enough for `gmts demo`)
+#   test: .venv with everything the main test suite needs (TRL included, verl not: verl 0.9.1
+#         caps transformers below 5.11, which the rest of the project does not want)
+#   verl: .venv-verl, a separate environment for the verl tests: gmts plus verl 0.9.1 and what
+#         its trainer needs on a CPU machine (transformers < 5.11 there)
 # Re-running is cheap: a stamp file records what was installed for which pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-demo}"
 PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+case "$profile" in
+  demo | test) venv=.venv ;;
+  verl) venv=.venv-verl ;;
+  *) echo "unknown profile: $profile (expected demo, test or verl)" >&2; exit 2 ;;
+esac
+if [ ! -x "$venv/bin/python" ]; then
+  "$PY" -m venv "$venv"
 fi
-stamp=".venv/.gmts-${profile}-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+stamp="$venv/.gmts-${profile}-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then exit 0; fi
-pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install --upgrade pip >/dev/null
 # The CPU build of torch: a plain `torch` requirement could pull a multi-GB CUDA build.
 pip install "torch==2.13.0"
@@ -20,12 +29,20 @@ case "$profile" in
   demo) pip install -e ".[train,rewards]" ;;
   test)
     pip install -e ".[all]"
-    # verl 0.9's own requirements pull GPU-only packages; install what its CPU import needs,
-    # then verl itself without dependencies (recipe: shared/notes/reference-semantics.md).
-    pip install omegaconf codetiming orjson ray "tensordict>=0.8,!=0.9.0,<=0.10.0" \
-      "transformers>=5.5.3,!=5.6.0,<5.11"
+    # An older .venv may still hold verl from before it moved to .venv-verl: the verl tests
+    # must skip here, not run against a stale install.
+    pip uninstall -y verl >/dev/null 2>&1 || true
+    ;;
+  verl)
+    # verl 0.9's own requirements pull GPU-only packages (flash-attn, vLLM, CUDA torch).
+    # Install what its trainer imports on CPU, then verl itself without dependencies
+    # (recipe: shared/notes/reference-semantics.md and verl-cpu-end-to-end.md). One resolver
+    # run, so verl's transformers cap binds gmts's train extra as well.
+    pip install -e ".[train,data,dev]" \
+      "transformers>=5.5.3,!=5.6.0,<5.11" "tensordict>=0.8,!=0.9.0,<=0.10.0" \
+      omegaconf hydra-core codetiming orjson dill "ray>=2.41" torchdata peft pillow \
+      "TransferQueue==0.1.11" pyzmq msgspec cachetools fastapi uvicorn
     pip install --no-deps "verl==0.9.1"
     ;;
-  *) echo "unknown profile: $profile (expected demo or test)" >&2; exit 2 ;;
 esac
 touch "$stamp"

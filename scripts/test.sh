@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Quickstart 2: set up (first time only), lint, and run the whole test suite (slow tests too).
-# For the fast subset while developing: .venv/bin/python -m pytest
+#   1. .venv: ruff, then every test; the verl tests skip there (verl is not installed in it).
+#   2. .venv-verl: the verl tests, including verl's real trainer end to end on both its trainer
+#      paths (verl 0.9.1 caps transformers below 5.11, so it has its own environment).
+# Arguments go to the first pytest run. For the fast subset while developing:
+#   .venv/bin/python -m pytest          .venv-verl/bin/python -m pytest tests/integrations
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+bash scripts/setup.sh verl
 export HF_HUB_OFFLINE=1
 # One warm-start cache for the whole run, inside the checkout (ignored by git).
 export GMTS_CACHE="${GMTS_CACHE:-$PWD/.cache/gmts}"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest -m "" -q "$@"
+.venv/bin/python -m pytest -m "" -q "$@"
+.venv-verl/bin/python -m pytest -m "" -q \
+  tests/integrations/test_verl_integration_on_cpu.py tests/integrations/test_verl_e2e_on_cpu.py \
+  tests/conformance/test_conformance_verl.py

@@ -45,3 +45,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A machine without bubblewrap: PATH is an empty folder, GMTS_SANDBOX is unset, and the
+    code sandbox probes afresh (its once-per-process probe and warning start over)."""
+    import gmts.rewards.sandbox as sandbox
+
+    monkeypatch.setenv("PATH", str(tmp_path_factory.mktemp("empty-path")))
+    monkeypatch.delenv(sandbox.SANDBOX_ENV, raising=False)
+    monkeypatch.setattr(sandbox, "_ENVIRONMENT", None)
+
+
+@pytest.fixture(scope="session")
+def trusted_code_sandbox() -> str:
+    """Sandbox backend for tests that run only trusted programs (canonical solutions, ours):
+    bubblewrap where it works, and always with GMTS_REQUIRE_BWRAP=1 (CI), else the weaker
+    backend, chosen explicitly as a user without bubblewrap would."""
+    from gmts.rewards.sandbox import _environment
+
+    if os.environ.get("GMTS_REQUIRE_BWRAP") == "1" or _environment().bwrap_status()[0]:
+        return "bwrap"
+    return "subprocess"

@@ -20,9 +20,11 @@ prints the Markdown table of docs/semantics.md (``python tests/conformance/_matr
 from __future__ import annotations
 
 import math
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,22 +70,30 @@ class Batch:
 def fixed_batch() -> Batch:
     """Rows of unequal lengths, group-normalised advantages, a KL term, and a tie in the GMTS
     score straddling the cut of the whole-batch selection (two tokens with equal score, of which
-    the tie rule takes only the first in row-major order)."""
+    the tie rule takes only the first in row-major order).
+
+    Every value is exactly representable where an engine stores it in a narrower type: old
+    log-probs in bfloat16 (verl's V1 trainer), the rest in float32; engines compute from the
+    same numbers.
+    """
     g = torch.Generator().manual_seed(7)
     mask = torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]
-    old = -0.5 - 2.5 * torch.rand(B, T, generator=g, dtype=DTYPE)
-    logprobs = old + 0.25 * torch.randn(B, T, generator=g, dtype=DTYPE)  # ratios around 1
-    ref = old + 0.25 * torch.randn(B, T, generator=g, dtype=DTYPE)
-    entropy = (0.05 + 2.0 * torch.rand(B, T, generator=g)).to(DTYPE)  # float32 values
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5], dtype=DTYPE)
-    advantages = gmts.group_advantages(rewards, GROUP_SIZE)
-    # the tie: copy token a's (log-prob, old, entropy) onto token b of a row with the same
+    old = (-0.5 - 2.5 * torch.rand(B, T, generator=g)).bfloat16().to(DTYPE)
+    logprobs = (old + 0.25 * torch.randn(B, T, generator=g, dtype=DTYPE)).float().to(DTYPE)
+    ref = (old + 0.25 * torch.randn(B, T, generator=g, dtype=DTYPE)).float().to(DTYPE)
+    entropy = (0.05 + 2.0 * torch.rand(B, T, generator=g)).to(DTYPE)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], dtype=DTYPE)
+    advantages = gmts.group_advantages(rewards, GROUP_SIZE)  # rows 0, 3, 4 share one value
+    # the tie: copy token a's (log-prob, old, ref, entropy) onto token b of a row with the same
     # advantage, so both have the same omega and entropy, then place them at the cut
-    a, b = (4, 2), (5, 1)
-    advantages[5] = advantages[4]
-    logprobs[b], old[b], entropy[b] = logprobs[a], old[a], entropy[a]
+    for t in (logprobs, old, ref, entropy):
+        t[TIE[1]] = t[TIE[0]]
     batch = Batch(logprobs, old, ref, entropy, advantages, mask, torch.arange(B) // GROUP_SIZE)
-    return _with_tie_at_the_cut(batch, a, b)
+    return _with_tie_at_the_cut(batch, *TIE)
+
+
+TIE = ((4, 3), (0, 1))
+"""Two tokens (row, position) with equal scores; (0, 1) comes first in row-major order."""
 
 
 def _with_tie_at_the_cut(batch: Batch, a: tuple[int, int], b: tuple[int, int]) -> Batch:
@@ -354,6 +364,103 @@ def trl(preset: str, algorithm: str) -> Cell:
     return Cell(float(loss), leaf.grad)
 
 
+def _verl_batches() -> Any:
+    """tests/integrations/verl_batches.py: verl mini-batches built with verl's own functions."""
+    import importlib.util
+    import sys
+
+    if "verl_batches" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "integrations" / "verl_batches.py"
+        spec = importlib.util.spec_from_file_location("verl_batches", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["verl_batches"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["verl_batches"]
+
+
+_VERL_PROMPTS = (2, 3, 2, 3, 2, 3)  # prompt tokens per answer (unequal: verl nests them)
+
+
+def verl(preset: str, algorithm: str) -> Cell:
+    """The verl plugin's loss (``GMTSPolicyLoss``) on an actor mini-batch of verl's default
+    (V1) trainer built with verl's own functions: old log-probs in bfloat16, advantages from
+    verl's GRPO estimator on the rewards, verl's micro-batches of 2 rows, the engine's output
+    (the log-probs over prompt + response per answer) taken from one flat leaf. GRPO is verl's
+    seq-mean-token-mean with the k3 KL loss (low_var_kl); DAPO token-mean without KL. The rows
+    are not shuffled (``actor.shuffle=false``), so the tie rule sees the batch's own order."""
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from gmts.integrations.verl.loss import GMTSPolicyLoss, prepare_selection
+    from gmts.integrations.verl.settings import GMTSVerlSettings
+
+    vb = _verl_batches()
+    batch = fixed_batch()
+    obj, cfg = objective(algorithm), selection(preset)
+    try:
+        settings = GMTSVerlSettings(selection=cfg)
+        config = ActorConfig(
+            strategy="fsdp",
+            rollout_n=GROUP_SIZE,
+            ppo_micro_batch_size_per_gpu=2,
+            clip_ratio=obj.clip_low,
+            clip_ratio_low=obj.clip_low,
+            clip_ratio_high=obj.clip_high,
+            clip_ratio_c=3.0,  # verl's default dual clip: inactive on this batch (asserted)
+            loss_agg_mode=obj.aggregation,
+            use_kl_loss=obj.kl_coef > 0,
+            kl_loss_coef=obj.kl_coef,
+            kl_loss_type="low_var_kl",
+            entropy_coeff=0.0,
+            policy_loss=PolicyLossConfig(loss_mode="vanilla"),
+        )
+        loss_fn = GMTSPolicyLoss(config, settings)
+    except ValueError as err:
+        return Cell(refused=_first_problem(err))
+
+    def per_answer(values: torch.Tensor, fill: float) -> list[torch.Tensor]:
+        """Engine layout: position P - 1 + t of answer i holds response token t's value."""
+        out = []
+        for i, (p, n) in enumerate(zip(_VERL_PROMPTS, LENGTHS)):
+            row = torch.full((p + n,), fill, dtype=torch.float32)
+            row[p - 1 : p - 1 + n] = values[i, :n].float()
+            out.append(row)
+        return out
+
+    answers = vb.Answers(
+        prompt_ids=[torch.arange(5, 5 + p) for p in _VERL_PROMPTS],
+        response_ids=[torch.arange(1, n + 1) for n in LENGTHS],
+        old_logprobs=per_answer(batch.old_logprobs, -1.0),
+        ref_logprobs=per_answer(batch.ref_logprobs, -1.0),
+        current_logprobs=per_answer(batch.logprobs, -1.0),
+        current_entropy=per_answer(batch.entropy, 1.0),
+        rewards=[1.0, 0.0, 0.0, 1.0, 1.0, 0.0],  # fixed_batch's rewards
+        uids=[f"q{i // GROUP_SIZE}" for i in range(B)],
+    )
+    data = vb.v1_actor_batch(answers)
+    (mini,) = vb.mini_batches(data, B, shuffle=False)
+    mini = vb.engine_info(mini)
+    prepare_selection(
+        mini,
+        settings,
+        loss_fn.objective,
+        logprobs=no_padding_2_padding(vb.model_output(answers, mini), mini),
+        entropy=no_padding_2_padding(vb.model_output(answers, mini, "current_entropy"), mini),
+    )
+    leaf = torch.cat(answers.current_logprobs).requires_grad_(True)
+    total = torch.zeros(())
+    for micro in vb.micro_batches(mini, micro_batch_size=2):
+        loss, _ = loss_fn({"log_probs": vb.model_output(answers, micro, leaf=leaf)}, micro)
+        loss.backward()
+        total = total + loss.detach()
+    grad = torch.zeros(B, T, dtype=DTYPE)
+    start = 0
+    for i, (p, n) in enumerate(zip(_VERL_PROMPTS, LENGTHS)):
+        grad[i, :n] = leaf.grad[start + p - 1 : start + p - 1 + n].to(DTYPE)
+        start += p + n
+    return Cell(float(total), grad)
+
+
 _MODEL_DIRS: dict[str, str] = {}
 
 
@@ -380,19 +487,46 @@ ENGINE_FUNCTIONS: dict[str, Callable[[str, str], Cell]] = {
     "core": core,
     "trainer": trainer,
     "trl": trl,
+    "verl": verl,
 }
 
+TOLERANCE = {"core": 1e-9, "trainer": 1e-9, "trl": 1e-9, "verl": 1e-5}
+"""Relative tolerance per engine: float64 round-off, or float32 for verl, which computes its
+loss in float32 (the inputs are exactly representable there)."""
 
-def compare(cell: Cell, want: Cell) -> str:
-    """'equal' (loss and gradient within float64 round-off), 'refused' or 'DIFFERS ...'."""
+
+def compare(cell: Cell, want: Cell, tolerance: float = 1e-9) -> str:
+    """'equal' (loss and gradient within ``tolerance``), 'refused' or 'DIFFERS ...'."""
     if cell.refused is not None:
         return "refused"
-    loss_ok = math.isclose(cell.loss, want.loss, rel_tol=1e-9, abs_tol=1e-12)
+    loss_ok = math.isclose(cell.loss, want.loss, rel_tol=tolerance, abs_tol=1e-12)
     grad_err = float((cell.grad - want.grad).abs().max())
-    grad_ok = grad_err <= 1e-9 * max(float(want.grad.abs().max()), 1e-12)
+    grad_ok = grad_err <= tolerance * max(float(want.grad.abs().max()), 1e-12)
     if loss_ok and grad_ok:
         return "equal"
     return f"DIFFERS (loss {cell.loss!r} vs {want.loss!r}, max grad error {grad_err:.3g})"
+
+
+SEMANTICS = Path(__file__).resolve().parents[2] / "docs" / "semantics.md"
+
+
+def documented_statuses() -> dict[tuple[str, str, str], str]:
+    """(preset, algorithm, engine) -> status, from the table in docs/semantics.md."""
+    text = SEMANTICS.read_text()
+    block = re.search(
+        r"<!-- conformance-matrix:start -->\n(.*?)\n<!-- conformance-matrix:end -->", text, re.S
+    )
+    if block is None:
+        raise ValueError("docs/semantics.md has no conformance matrix block")
+    lines = block.group(1).strip().splitlines()
+    engines = [c.strip() for c in lines[0].strip("|").split("|")][2:]
+    statuses = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        preset, algorithm = cells[0], cells[1].lower()
+        for engine, status in zip(engines, cells[2:]):
+            statuses[(preset, algorithm, engine)] = status
+    return statuses
 
 
 def markdown_table(statuses: dict[tuple[str, str, str], str]) -> str:
@@ -406,11 +540,15 @@ def markdown_table(statuses: dict[tuple[str, str, str], str]) -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # run in .venv for core/trainer/trl, in .venv-verl for verl
+    import importlib.util as _util
+
+    available = [e for e in ENGINES if e in ("core", "trainer") or _util.find_spec(e)]
     statuses = {}
     for preset in PRESETS:
         for algorithm in ALGORITHMS:
             want = reference(preset, algorithm)
-            for name, fn in ENGINE_FUNCTIONS.items():
-                statuses[(preset, algorithm, name)] = compare(fn(preset, algorithm), want)
+            for name in available:
+                cell = ENGINE_FUNCTIONS[name](preset, algorithm)
+                statuses[(preset, algorithm, name)] = compare(cell, want, TOLERANCE[name])
     print(markdown_table(statuses))

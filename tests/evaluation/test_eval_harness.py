@@ -205,7 +205,7 @@ def test_commonsense_gold_scores_100_and_wrong_scores_0(shared_data):
     assert "\nA. " in item.prompt and "\nE. " in item.prompt
 
 
-def test_code_benchmarks_are_greedy_pass_at_1(shared_data):
+def test_code_benchmarks_are_greedy_pass_at_1(shared_data, trusted_code_sandbox):
     import gzip
     import json
 
@@ -230,13 +230,16 @@ def test_code_benchmarks_are_greedy_pass_at_1(shared_data):
                 out.append([f"Here it is:\n```python\n{code}\n```"] * n)
             return out
 
-    config = EvalConfig(n=16, temperature=1.0, limit=2, data_dir=str(shared_data))
+    config = EvalConfig(
+        n=16, temperature=1.0, limit=2, data_dir=str(shared_data), sandbox=trusted_code_sandbox
+    )
     good = CodeBackend(broken=False)
     report = evaluate(good, "humaneval", config, progress=False)
     bench = report.benchmarks[0]
     assert good.calls and all(c == (1, 0.0) for c in good.calls)
     assert bench.metric == "pass@1" and bench.samples_per_question == 1
     assert bench.score == 1.0
+    assert report.settings["sandbox"] == trusted_code_sandbox  # recorded with the results
     assert "def " in bench.records[0].extracted[0]
     bad = evaluate(CodeBackend(broken=True), "humaneval", config, progress=False)
     assert bad.benchmarks[0].score == 0.0

@@ -63,8 +63,12 @@ def test_preset_and_bad_values():
         build_command(["gmts.preset=trl", "gmts.score=entropy"])
     with pytest.raises(ValueError, match="gmts.ratio"):
         build_command(["gmts.ratio=lots"])
-    with pytest.raises(ValueError, match="loss_agg_mode"):
-        build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
+    # normalize=selected is eq. 2 whatever verl's aggregation (the core's rule)
+    build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
+    with pytest.raises(ValueError, match="loss_agg_mode"):  # no core counterpart
+        build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"])
+    with pytest.raises(ValueError, match="loss_mode"):
+        build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"])
     assert main(["gmts.ratio=2.0", "--dry-run"]) == 2
 
 
@@ -79,6 +83,17 @@ def test_shipped_configs_parse_and_command_line_wins(config):
     keys = [o.split("=", 1)[0] for o in overrides]
     assert len(keys) == len(set(keys)), "duplicate Hydra overrides"
     assert any(o.startswith(RUNTIME_KEY) for o in overrides)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_shipped_configs_choose_verls_trainer_explicitly(config):
+    """verl 0.9 defaults to the V1 trainer; each config says so itself, and DAPO configs name
+    their group-filter metric (V1 requires one)."""
+    _, _, overrides, _ = build_command(["--config", str(config)])
+    assert "trainer.use_v1=true" in overrides
+    if "dapo" in config.stem:
+        assert "algorithm.filter_groups.enable=true" in overrides
+        assert "algorithm.filter_groups.metric=reward" in overrides
 
 
 def test_configs_exist_for_every_paper_setting():

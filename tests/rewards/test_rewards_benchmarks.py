@@ -7,14 +7,24 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import random
+import sys
 from pathlib import Path
 
 import pytest
 
 from gmts.data.datasets import load_benchmark
 from gmts.rewards import code_reward, humaneval_program, mbpp_program
-from gmts.rewards.gold_rates import PAPER_MATH, measure
+
+_spec = importlib.util.spec_from_file_location(
+    "gold_rates", Path(__file__).resolve().parents[2] / "benchmarks" / "gold_rates.py"
+)
+_gold_rates = importlib.util.module_from_spec(_spec)
+sys.modules["gold_rates"] = _gold_rates  # dataclasses look their module up while it executes
+_spec.loader.exec_module(_gold_rates)
+PAPER_MATH, measure = _gold_rates.PAPER_MATH, _gold_rates.measure
 
 
 @pytest.mark.slow  # ~40 s on a loaded 2-core machine: 4,000 checks through math-verify
@@ -53,27 +63,33 @@ def _break(code: str) -> str:
     return "\n".join(lines)
 
 
-def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(shared_data: Path) -> None:
+def test_humaneval_canonical_solutions_pass_and_broken_ones_fail(
+    shared_data: Path, trusted_code_sandbox: str
+) -> None:
     problems = _sample(load_benchmark("humaneval", data_dir=shared_data), 10, seed=0)
+    run = functools.partial(code_reward, timeout=20, backend=trusted_code_sandbox)
     for problem in problems:
         full = problem.meta["prompt"] + problem.meta["canonical_solution"]
         program, tests = humaneval_program(_fenced(full), problem)
-        assert code_reward(program, tests, timeout=20) == 1.0, problem.id
+        assert run(program, tests) == 1.0, problem.id
         # the body alone (no def line) continues the prompt
         program, tests = humaneval_program(problem.meta["canonical_solution"], problem)
-        assert code_reward(program, tests, timeout=20) == 1.0, problem.id
+        assert run(program, tests) == 1.0, problem.id
     for problem in problems[:5]:
         broken = _break(problem.meta["prompt"] + problem.meta["canonical_solution"])
         program, tests = humaneval_program(_fenced(broken), problem)
-        assert code_reward(program, tests, timeout=20) == 0.0, problem.id
+        assert run(program, tests) == 0.0, problem.id
 
 
-def test_mbpp_canonical_solutions_pass_and_broken_ones_fail(shared_data: Path) -> None:
+def test_mbpp_canonical_solutions_pass_and_broken_ones_fail(
+    shared_data: Path, trusted_code_sandbox: str
+) -> None:
     problems = _sample(load_benchmark("mbpp", data_dir=shared_data), 10, seed=0)
+    run = functools.partial(code_reward, timeout=20, backend=trusted_code_sandbox)
     for problem in problems:
         program, tests = mbpp_program(_fenced(problem.meta["canonical_solution"]), problem)
-        assert code_reward(program, tests, timeout=20) == 1.0, problem.id
+        assert run(program, tests) == 1.0, problem.id
     for problem in problems[:5]:
         broken = _break(problem.meta["canonical_solution"])
         program, tests = mbpp_program(_fenced(broken), problem)
-        assert code_reward(program, tests, timeout=20) == 0.0, problem.id
+        assert run(program, tests) == 0.0, problem.id

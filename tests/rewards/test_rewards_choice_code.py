@@ -124,12 +124,12 @@ def test_mbpp_program() -> None:
     assert tests == "import math\nassert f(1) == 2\n"
 
 
-def test_registry_lists_and_dispatches() -> None:
+def test_registry_lists_and_dispatches(trusted_code_sandbox: str) -> None:
     assert {"math", "choice", "yes_no", "code", "format"} <= set(available_rewards())
     assert get_reward("choice")("The answer is (A)", "A") == 1.0
     assert get_reward("yes_no")(r"\boxed{no}", "no") == 1.0
     assert get_reward("format")(r"\boxed{no}", "") == 1.0
-    code = get_reward("code")
+    code = get_reward("code", sandbox=trusted_code_sandbox)
     assert code("```python\ndef f():\n    return 3\n```", "assert f() == 3") == 1.0
     assert code("```python\ndef f():\n    return 4\n```", "assert f() == 3") == 0.0
     with pytest.raises(ValueError, match="valid rewards"):

@@ -1,8 +1,9 @@
 """Hostile programs against the code sandbox: each scores 0 and leaves the machine as it was.
 
 Every hostile program is written so that it would run to completion (and so score 1.0) if its
-attack worked; containment makes it fail. Tests marked ``bwrap`` need bubblewrap; the fallback
-("subprocess") backend is run on the attacks it is documented to stop.
+attack worked; containment makes it fail. Tests marked ``bwrap`` need bubblewrap; the weaker
+("subprocess") backend, chosen explicitly here, is run on the attacks it is documented to stop.
+That the default refuses to run anything without bubblewrap: test_rewards_sandbox_policy.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 
 from gmts.rewards.sandbox import _environment, code_reward, run_sandboxed
 
+# the fallback's warning is the subject of test_rewards_sandbox_policy.py, not of these tests
+pytestmark = pytest.mark.filterwarnings("ignore:.*WEAK 'subprocess' sandbox:RuntimeWarning")
 BWRAP_OK = shutil.which("bwrap") is not None and _environment().bwrap_status()[0]
 needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason="bubblewrap is not usable here")
 IS_ROOT = os.geteuid() == 0

@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "goes next to it as <stem>.partial.jsonl",
     )
     from gmts.eval.backends import available_backends  # light: torch loads on first use
+    from gmts.rewards.sandbox import BACKENDS as SANDBOX_BACKENDS
 
     parser.add_argument("--backend", default="hf", choices=available_backends())
     parser.add_argument(
@@ -65,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="row label in the table (default: folder)")
     parser.add_argument(
         "--code-timeout", type=float, default=10.0, help="seconds per program (code benchmarks)"
+    )
+    parser.add_argument(
+        "--sandbox",
+        choices=SANDBOX_BACKENDS,
+        default=None,
+        help="code benchmarks (humaneval, mbpp): bwrap = bubblewrap, the default, an error where "
+        "it does not work; subprocess = the WEAKER sandbox (no filesystem, network or process "
+        "isolation), an explicit opt-in (default: $GMTS_SANDBOX, else bwrap)",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="discard earlier partial results and start over"
@@ -106,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from gmts.eval.backends import ModelPathError, resolve_model_path
-    from gmts.eval.benchmarks import BUILTIN_PREFIX, parse_benchmarks
+    from gmts.eval.benchmarks import BUILTIN_PREFIX, code_sandbox, parse_benchmarks
     from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
     from gmts.eval.results_store import ResultsStore
+    from gmts.rewards import SandboxUnavailableError
 
     # Validate everything cheap before loading a model.
     if not args.model:
@@ -116,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model_path = resolve_model_path(args.model)
         benchmarks = parse_benchmarks(args.benchmarks)
+        sandbox = code_sandbox(benchmarks, args.sandbox)  # code benchmarks: fail closed now
         config = EvalConfig(
             n=args.n,
             temperature=args.temperature,
@@ -125,8 +136,9 @@ def run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size or DEFAULT_BATCH_SIZE[args.backend],
             data_dir=args.data_dir,
             code_timeout=args.code_timeout,
+            sandbox=sandbox or args.sandbox,
         )
-    except ModelPathError as err:
+    except (ModelPathError, SandboxUnavailableError) as err:
         return _error(str(err))
     except ValueError as err:
         return _error(str(err))

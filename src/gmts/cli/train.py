@@ -57,12 +57,22 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    from gmts.rewards import SandboxUnavailableError
+
+    if cfg.data.dataset is not None:  # a code reward's sandbox, checked before anything loads
+        from gmts.train.sources import dataset_reward
+
+        try:
+            dataset_reward(cfg.data.reward, sandbox=cfg.data.sandbox)
+        except (ValueError, SandboxUnavailableError) as exc:
+            print(f"gmts train: error: {exc}", file=sys.stderr)
+            return 2
     from gmts.train.distributed import shutdown
     from gmts.train.trainer import train
 
     try:
         result = train(cfg, resume=args.resume)
-    except ValueError as exc:  # bad model path, dataset fields, ... : one line, no traceback
+    except (ValueError, SandboxUnavailableError) as exc:  # bad model path, dataset fields, ...
         print(f"gmts train: error: {exc}", file=sys.stderr)
         return 2
     finally:

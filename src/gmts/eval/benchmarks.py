@@ -22,6 +22,8 @@ from gmts._registry import Registry
 
 Decoding = Literal["sample", "greedy"]
 BUILTIN_PREFIX = "builtin:"
+CODE_VERIFIERS = ("humaneval", "mbpp")
+"""Verifiers that run the model's program (in the sandbox of :mod:`gmts.rewards.sandbox`)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class BenchmarkSpec:
             raise ValueError(f"decoding must be 'sample' or 'greedy', got {self.decoding!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def runs_code(self) -> bool:
+        """Whether scoring executes the model's output (in the code sandbox)."""
+        return self.verifier in CODE_VERIFIERS
 
 
 _SPECS: Registry[BenchmarkSpec] = Registry("benchmark")
@@ -197,15 +204,31 @@ def _verifier_scorer(verifier: str) -> Scorer:
     return score
 
 
-def _code_scorer(kind: str, timeout: float) -> Scorer:
-    """Scorer for HumanEval / MBPP: run the extracted program against the tests (sandboxed)."""
+def code_sandbox(benchmarks: list[str], sandbox: str | None = None) -> str | None:
+    """The sandbox backend the code benchmarks among ``benchmarks`` will run in, checked now.
+
+    None when none of them runs code (nothing is checked). Otherwise
+    :func:`gmts.rewards.check_sandbox` (``sandbox`` None: ``$GMTS_SANDBOX``, else "bwrap"),
+    which raises ``SandboxUnavailableError`` where bubblewrap does not work: ``gmts eval``
+    calls this before loading the model, :func:`gmts.eval.harness.evaluate` before generating.
+    """
+    if not any(get_spec(name).runs_code for name in benchmarks):
+        return None
+    from gmts.rewards import check_sandbox
+
+    return check_sandbox(sandbox)
+
+
+def _code_scorer(kind: str, timeout: float, backend: str) -> Scorer:
+    """Scorer for HumanEval / MBPP: run the extracted program against the tests in sandbox
+    ``backend`` (as checked by :func:`code_sandbox`)."""
     import gmts.rewards as rewards
 
     build = rewards.humaneval_program if kind == "humaneval" else rewards.mbpp_program
 
     def score(completion: str, item: EvalItem) -> tuple[float, Any]:
         program, tests = build(completion, item)  # item has .meta and .answer like an Example
-        reward = rewards.code_reward(program, tests, timeout=timeout)
+        reward = rewards.code_reward(program, tests, timeout=timeout, backend=backend)
         return float(reward), rewards.extract_code_block(completion)
 
     return score
@@ -237,6 +260,7 @@ def load_eval_benchmark(
     data_dir: str | Path | None = None,
     limit: int | None = None,
     code_timeout: float = 10.0,
+    sandbox: str | None = None,
 ) -> EvalBenchmark:
     """Load benchmark ``name`` and format its prompts for ``tokenizer``.
 
@@ -246,12 +270,15 @@ def load_eval_benchmark(
         data_dir: folder of the benchmark files (the loader's default when None).
         limit: keep the first ``limit`` questions (file order).
         code_timeout: seconds per program for code benchmarks.
+        sandbox: code benchmarks' sandbox backend, "bwrap" or "subprocess" (weaker, explicit
+            opt-in); None: ``$GMTS_SANDBOX``, else "bwrap". Checked before the data is loaded.
     """
     from gmts.data.prompts import format_prompt
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     spec = get_spec(name)
+    backend = code_sandbox([name], sandbox)  # checked before loading anything
     if spec.verifier == "task":
         from gmts.data.tasks import get_task
 
@@ -276,8 +303,8 @@ def load_eval_benchmark(
     if len(counts) != len(items):  # ids are the resume key: duplicates would mix results
         dup = sorted(i for i, c in counts.items() if c > 1)[:5]
         raise ValueError(f"benchmark {name!r} has duplicate question ids: {', '.join(dup)}")
-    if spec.verifier in ("humaneval", "mbpp"):
-        scorer = _code_scorer(spec.verifier, code_timeout)
+    if backend is not None:
+        scorer = _code_scorer(spec.verifier, code_timeout, backend)
     else:
         scorer = _verifier_scorer(spec.verifier)
     return EvalBenchmark(spec, items, scorer)

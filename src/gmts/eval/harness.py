@@ -24,9 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from gmts.eval.backends import GenerationBackend
-from gmts.eval.benchmarks import EvalBenchmark, get_spec, load_eval_benchmark, parse_benchmarks
+from gmts.eval.benchmarks import (
+    EvalBenchmark,
+    code_sandbox,
+    get_spec,
+    load_eval_benchmark,
+    parse_benchmarks,
+)
 from gmts.eval.report import BenchmarkResult, EvalReport
 from gmts.eval.results_store import QuestionRecord, ResultsStore
+from gmts.rewards.sandbox import BACKENDS as SANDBOX_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ class EvalConfig:
             questions). Changing it changes which samples are drawn, not their distribution.
         data_dir: folder of the benchmark files (loader default when None).
         code_timeout: seconds per program for code benchmarks.
+        sandbox: code benchmarks' sandbox, "bwrap" or "subprocess" (weaker: explicit opt-in);
+            None = ``$GMTS_SANDBOX``, else "bwrap" (an error where bubblewrap does not work).
     """
 
     n: int = 16
@@ -54,6 +63,7 @@ class EvalConfig:
     batch_size: int = 64
     data_dir: str | None = None
     code_timeout: float = 10.0
+    sandbox: str | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -68,6 +78,10 @@ class EvalConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.code_timeout <= 0:
             raise ValueError(f"code_timeout must be > 0, got {self.code_timeout}")
+        if self.sandbox not in (None, *SANDBOX_BACKENDS):
+            raise ValueError(
+                f"sandbox must be one of {SANDBOX_BACKENDS} or None, got {self.sandbox!r}"
+            )
 
 
 def derive_seed(seed: int, benchmark: str, chunk_index: int) -> int:
@@ -221,6 +235,7 @@ def evaluate(
     """
     config = config or EvalConfig()
     names = parse_benchmarks(list(benchmarks) if not isinstance(benchmarks, str) else benchmarks)
+    sandbox = code_sandbox(names, config.sandbox)  # fails before generating anything
     settings = store_settings(model_id or model_name, backend.name, config)
     if isinstance(results_path, ResultsStore):
         store: ResultsStore | None = results_path
@@ -238,8 +253,10 @@ def evaluate(
             data_dir=config.data_dir,
             limit=config.limit,
             code_timeout=config.code_timeout,
+            sandbox=sandbox,
         )
         results.append(evaluate_benchmark(backend, bench, config, store, progress=progress))
     settings = {**settings, **{k: v for k, v in asdict(config).items() if k not in settings}}
     settings["benchmarks"] = names
+    settings["sandbox"] = sandbox  # the backend the code ran in (None: no code benchmark)
     return EvalReport(model=model_name, benchmarks=results, settings=settings)

@@ -2,6 +2,7 @@
 
 Importing this package is cheap: math-verify (and SymPy) load on the first math check, in a
 worker process. See docs/rewards.md for what each verifier accepts and the sandbox's limits.
+Code runs only in bubblewrap unless the weaker backend is chosen explicitly (`check_sandbox`).
 """
 
 from gmts.rewards.boxed import extract_boxed, format_reward
@@ -15,12 +16,20 @@ from gmts.rewards.program import (
     mbpp_program,
     mbpp_tests,
 )
-from gmts.rewards.registry import available_rewards, get_reward, register_reward
-from gmts.rewards.sandbox import SandboxResult, code_reward, run_sandboxed
+from gmts.rewards.registry import available_rewards, get_reward, register_reward, reward_runs_code
+from gmts.rewards.sandbox import (
+    SandboxResult,
+    SandboxUnavailableError,
+    check_sandbox,
+    code_reward,
+    run_sandboxed,
+)
 
 __all__ = [
     "SandboxResult",
+    "SandboxUnavailableError",
     "available_rewards",
+    "check_sandbox",
     "choice_reward",
     "code_reward",
     "extract_boxed",
@@ -36,6 +45,7 @@ __all__ = [
     "mbpp_tests",
     "normalize_answer",
     "register_reward",
+    "reward_runs_code",
     "run_sandboxed",
     "yes_no_reward",
 ]

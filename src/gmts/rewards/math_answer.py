@@ -95,6 +95,16 @@ def answers_match(predicted: str, gold: str) -> bool:
         return False
     if _squash(predicted_norm) == _squash(gold_norm):
         return True
+    return _verify(predicted_norm, gold_norm)
+
+
+def symbolic_match(predicted: str, gold: str) -> bool:
+    """math-verify's judgement alone (no exact-string shortcut) of two raw answers. No time
+    bound (see module docstring)."""
+    return _verify(normalize_answer(predicted), normalize_answer(gold))
+
+
+def _verify(predicted_norm: str, gold_norm: str) -> bool:
     gold_parsed = _parse(gold_norm)
     predicted_parsed = _parse(predicted_norm)
     if not gold_parsed or not predicted_parsed:

@@ -6,12 +6,14 @@ Trainers look rewards up by name so that none of them special-cases a task:
 - ``"choice"``: `choice_reward` (answer: the option letter A-E);
 - ``"yes_no"``: `yes_no_reward` (answer: "yes" / "no");
 - ``"code"``: the completion's code block run with the test code in the sandbox
-  (answer: the test code, as `load_benchmark("humaneval" | "mbpp")` stores it);
+  (answer: the test code, as `load_benchmark("humaneval" | "mbpp")` stores it); it *runs
+  code*, so `get_reward` checks the sandbox first (see `get_reward`);
 - ``"format"``: `format_reward` (answer ignored).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from gmts._registry import Registry
@@ -19,20 +21,47 @@ from gmts.rewards.boxed import format_reward
 from gmts.rewards.choice import choice_reward, yes_no_reward
 from gmts.rewards.math_verifier import math_reward
 from gmts.rewards.program import extract_code_block
-from gmts.rewards.sandbox import code_reward
+from gmts.rewards.sandbox import check_sandbox, code_reward
 
 RewardFn = Callable[[str, str], float]
 _REWARDS: Registry[RewardFn] = Registry("reward")
+_RUNS_CODE: set[str] = set()  # names of the rewards that execute model output
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator adding ``fn(completion, answer) -> float`` under ``name``; duplicates raise."""
-    return _REWARDS.decorator(name)
+def register_reward(name: str, *, runs_code: bool = False) -> Callable[[RewardFn], RewardFn]:
+    """Decorator adding ``fn(completion, answer) -> float`` under ``name``; duplicates raise.
+
+    ``runs_code=True``: the reward executes model output; ``fn`` then also takes a keyword
+    ``backend`` (the sandbox backend of `gmts.rewards.run_sandboxed`), which `get_reward` binds.
+    """
+    add = _REWARDS.decorator(name)
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        add(fn)
+        if runs_code:
+            _RUNS_CODE.add(name)
+        return fn
+
+    return decorator
 
 
-def get_reward(name: str) -> RewardFn:
-    """The reward registered under ``name``; an unknown name raises listing the valid ones."""
-    return _REWARDS.get(name)
+def reward_runs_code(name: str) -> bool:
+    """Whether reward ``name`` executes model output (and so needs the code sandbox)."""
+    return name in _RUNS_CODE
+
+
+def get_reward(name: str, *, sandbox: str | None = None) -> RewardFn:
+    """The reward registered under ``name``; an unknown name raises listing the valid ones.
+
+    For a reward that runs code, the sandbox is checked now (`check_sandbox(sandbox)`: None
+    means ``$GMTS_SANDBOX``, else bubblewrap) and the returned function runs in that backend;
+    where bubblewrap does not work this raises `SandboxUnavailableError`, before any model
+    output exists. ``sandbox`` is ignored for the other rewards.
+    """
+    reward = _REWARDS.get(name)
+    if name not in _RUNS_CODE:
+        return reward
+    return functools.partial(reward, backend=check_sandbox(sandbox))
 
 
 def available_rewards() -> list[str]:
@@ -45,9 +74,9 @@ register_reward("choice")(choice_reward)
 register_reward("yes_no")(yes_no_reward)
 
 
-@register_reward("code")
-def _code(completion: str, answer: str) -> float:
-    return code_reward(extract_code_block(completion), answer)
+@register_reward("code", runs_code=True)
+def _code(completion: str, answer: str, *, backend: str | None = None) -> float:
+    return code_reward(extract_code_block(completion), answer, backend=backend)
 
 
 @register_reward("format")

@@ -1,20 +1,24 @@
-"""Run untrusted Python (model-written code plus its tests) in a sandbox.
+"""Run untrusted Python (model-written code plus its tests) in a sandbox, failing closed.
 
-Two backends, chosen by ``backend="auto"``:
+Two backends; the default is ``"bwrap"`` and there is no silent fallback:
 
-``"bwrap"`` (Linux with bubblewrap): the program runs in fresh namespaces (user, pid, net, ipc,
-uts, cgroup: ``--unshare-all``) with the host root bound read-only, a private size-capped tmpfs
-on ``/tmp`` and ``/dev/shm``, a new ``/proc`` showing only the sandbox's processes, an empty
-network namespace (no interfaces but a loopback of its own), a new session, all capabilities
-dropped, uid/gid 65534 inside, and an environment cleared down to ``PATH``/``HOME``/``LANG``.
-When this process runs as root, bubblewrap itself is started as uid 65534 so the program is
-unprivileged outside the user namespace too (it cannot read root-only files). The sandbox dies
-with its parent (``--die-with-parent``), and since the program is not pid 1 of its namespace,
-all its descendants die with it.
+``"bwrap"`` (Linux with bubblewrap, the default): the program runs in fresh namespaces (user,
+pid, net, ipc, uts, cgroup: ``--unshare-all``) with the host root bound read-only, a private
+size-capped tmpfs on ``/tmp`` and ``/dev/shm``, a new ``/proc`` showing only the sandbox's
+processes, an empty network namespace (no interfaces but a loopback of its own), a new session,
+all capabilities dropped, uid/gid 65534 inside, and an environment cleared down to
+``PATH``/``HOME``/``LANG``. When this process runs as root, bubblewrap itself is started as uid
+65534 so the program is unprivileged outside the user namespace too (it cannot read root-only
+files). The sandbox dies with its parent (``--die-with-parent``), and since the program is not
+pid 1 of its namespace, all its descendants die with it. Where bubblewrap is missing or fails
+its probe run, :func:`check_sandbox` (called by every run) raises
+:class:`SandboxUnavailableError` and the program never runs.
 
-``"subprocess"`` (fallback, warned about once): a plain child process in its own session with a
-temporary working directory and a cleared environment, as uid 65534 when this process is root.
-It has no filesystem, network or pid isolation; see docs/rewards.md for what that means.
+``"subprocess"`` (explicit opt-in only, warned about once per process): a plain child process
+in its own session with a temporary working directory and a cleared environment, as uid 65534
+when this process is root. It has no filesystem, network or pid isolation; see docs/rewards.md
+for what that means. Chosen by ``backend="subprocess"`` (``data.sandbox=subprocess`` for
+``gmts train``, ``--sandbox subprocess`` for ``gmts eval``) or ``GMTS_SANDBOX=subprocess``.
 
 Both: before any untrusted code runs, a small trusted runner sets resource limits (CPU seconds,
 address space, file size, process count, open files, no core files) that the program cannot
@@ -43,7 +47,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-BACKENDS = ("auto", "bwrap", "subprocess")
+BACKENDS = ("bwrap", "subprocess")
+"""Sandbox backends: ``"bwrap"`` (the default) and the weaker ``"subprocess"`` (opt-in only)."""
+SANDBOX_ENV = "GMTS_SANDBOX"
+"""Environment variable naming the backend when no argument does (unset: ``"bwrap"``)."""
 _MIN_TMPFS_BYTES = 64 * 1024**2  # size of the sandbox's private /tmp and /dev/shm
 SANDBOX_UID = 65534  # "nobody" on Debian and most distributions
 _MINIMAL_ENV = {
@@ -111,6 +118,14 @@ class SandboxResult:
     duration_s: float
 
 
+class SandboxUnavailableError(RuntimeError):
+    """The bubblewrap sandbox is required (the default) but does not work here.
+
+    Raised before the program starts: nothing ran. The message says why, how to install
+    bubblewrap, and the three ways to opt in to the weaker ``"subprocess"`` backend.
+    """
+
+
 # ----------------------------------------------------------------------------- environment probes
 
 
@@ -154,6 +169,7 @@ class _Environment:
     def __init__(self) -> None:
         self._lock = threading.RLock()  # bwrap_status -> _probe_bwrap -> run_as re-enter it
         self._bwrap: tuple[bool, str] | None = None
+        self.bwrap_path = ""  # the binary the probe ran, used for every later run
         self._warned = False
         self._warned_root = False
         self.is_root = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -184,16 +200,20 @@ class _Environment:
                 self._bwrap = _probe_bwrap(self)
             return self._bwrap
 
-    def warn_fallback(self, reason: str) -> None:
+    def warn_weak(self, source: str) -> None:
+        """Warn, once per process, that untrusted code runs in the weak backend by choice."""
         with self._lock:
             if self._warned:
                 return
             self._warned = True
         warnings.warn(
-            "gmts.rewards: bubblewrap sandbox unavailable "
-            f"({reason}); running untrusted code in the WEAKER subprocess sandbox: resource "
-            "limits, a temporary directory and a clean environment only, NO filesystem, network "
-            "or pid isolation. Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap).",
+            f"gmts.rewards: running untrusted model-written code in the WEAK 'subprocess' sandbox "
+            f"({source}). It sets resource limits, a temporary working directory and a clean "
+            "environment, and NOTHING else: NO filesystem, network or process isolation. The "
+            "program can write wherever its uid may (e.g. the host's /tmp), read the caller's "
+            "files, connect to services on the host and the network, and leave processes "
+            "running. Use it only on a machine you can afford to lose; install bubblewrap and "
+            "drop the opt-in to get the real sandbox (docs/rewards.md).",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -215,6 +235,7 @@ def _probe_bwrap(environment: _Environment) -> tuple[bool, str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return False, "no `bwrap` on PATH"
+    environment.bwrap_path = bwrap
     uid, python = environment.run_as()
     command = _bwrap_command(bwrap, python, _bwrap_supports_size(bwrap), _MIN_TMPFS_BYTES)
     command += [python, "-I", "-c", "print('ok')"]
@@ -333,12 +354,96 @@ def _kill_group(process: subprocess.Popen) -> None:
 # ----------------------------------------------------------------------------- public API
 
 
+def _requested_backend(backend: str | None) -> tuple[str, str]:
+    """(backend, what chose it): the argument, else ``$GMTS_SANDBOX``, else ``"bwrap"``."""
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"backend must be one of {BACKENDS} (or None: ${SANDBOX_ENV}, else 'bwrap'), "
+                f"got {backend!r}"
+            )
+        return backend, f"backend={backend!r}"
+    value = os.environ.get(SANDBOX_ENV, "").strip()
+    if not value:
+        return "bwrap", "the default"
+    if value not in BACKENDS:
+        raise ValueError(
+            f"environment variable {SANDBOX_ENV}={value!r}: expected one of {BACKENDS}, or unset "
+            "it for the default (bwrap)"
+        )
+    return value, f"{SANDBOX_ENV}={value}"
+
+
+def _unavailable_message(reason: str, installed: bool) -> str:
+    if installed:
+        why = f"bubblewrap is installed but failed its test run ({reason})."
+        fix = (
+            "bubblewrap needs unprivileged user namespaces, which a container's default seccomp "
+            "profile (Docker) or a host setting (sysctl user.max_user_namespaces=0; "
+            "kernel.apparmor_restrict_unprivileged_userns=1 on recent Ubuntu) can forbid: allow "
+            "them."
+        )
+    else:
+        why = f"bubblewrap is not available ({reason})."
+        fix = (
+            "install it: apt-get install bubblewrap (Debian/Ubuntu), dnf install bubblewrap "
+            "(Fedora/RHEL), pacman -S bubblewrap (Arch)."
+        )
+    return (
+        "gmts.rewards: refusing to run model-written code: the bubblewrap sandbox (the default "
+        "backend) does not work on this machine, so nothing ran.\n"
+        f"Why: {why}\n"
+        f"Fix: {fix}\n"
+        "Or accept the WEAKER 'subprocess' sandbox explicitly (resource limits only; NO "
+        "filesystem, network or process isolation: the program can write the host's temp dirs, "
+        "reach services on the host and leave processes behind), in one of three ways:\n"
+        "  - function argument: code_reward(..., backend='subprocess'), run_sandboxed(..., "
+        "backend='subprocess'), get_reward('code', sandbox='subprocess')\n"
+        "  - config / command line: data.sandbox=subprocess for `gmts train`; --sandbox "
+        "subprocess for `gmts eval`\n"
+        f"  - environment variable: {SANDBOX_ENV}=subprocess\n"
+        "See docs/rewards.md, 'The code sandbox'."
+    )
+
+
+def check_sandbox(backend: str | None = None) -> str:
+    """The backend that code will run in, after checking that it can; call it before any
+    expensive work (``gmts train`` and ``gmts eval`` do, before loading a model).
+
+    Args:
+        backend: ``"bwrap"`` or ``"subprocess"``; None reads ``$GMTS_SANDBOX`` and defaults to
+            ``"bwrap"``. An argument wins over the environment variable.
+
+    Returns:
+        ``"bwrap"`` or ``"subprocess"``.
+
+    Raises:
+        SandboxUnavailableError: bubblewrap was chosen (or defaulted to) and is missing or fails
+            its probe run here (probed once per process). The message says how to install it
+            and how to opt in to the weaker backend instead.
+        ValueError: an unknown backend name (argument or environment variable).
+
+    Choosing ``"subprocess"`` warns once per process (a RuntimeWarning) about what it does not
+    isolate.
+    """
+    chosen, source = _requested_backend(backend)
+    environment = _environment()
+    if chosen == "subprocess":
+        environment.warn_weak(source)
+        return chosen
+    works, reason = environment.bwrap_status()
+    if not works:
+        installed = bool(environment.bwrap_path)  # found on PATH (Linux), then failed its probe
+        raise SandboxUnavailableError(_unavailable_message(reason, installed))
+    return chosen
+
+
 def run_sandboxed(
     program: str,
     *,
     timeout: float = 10.0,
     memory_mb: int = 512,
-    backend: str = "auto",
+    backend: str | None = None,
     max_processes: int = 32,
     max_file_mb: int = 16,
     tail_chars: int = 2000,
@@ -350,9 +455,9 @@ def run_sandboxed(
         timeout: wall-clock seconds before the whole sandbox is killed; the CPU-time limit is
             ``ceil(timeout) + 1`` seconds per process.
         memory_mb: address-space limit per process, in MiB.
-        backend: "auto" (bubblewrap if it works here, else the subprocess fallback with one
-            warning), "bwrap" (raise RuntimeError if unavailable) or "subprocess" (force the
-            weaker fallback, no warning).
+        backend: "bwrap" or "subprocess" (the weaker backend: explicit opt-in, warned about
+            once per process); None: ``$GMTS_SANDBOX``, else "bwrap". See `check_sandbox`:
+            where bubblewrap does not work, SandboxUnavailableError is raised and nothing runs.
         max_processes: RLIMIT_NPROC for the sandboxed program (fork bombs stop there).
         max_file_mb: largest file the program may write (also caps its captured output).
         tail_chars: how much of stdout/stderr to keep in the result.
@@ -365,25 +470,13 @@ def run_sandboxed(
         raise ValueError(
             f"memory_mb must be at least 32 (Python needs it to start), got {memory_mb}"
         )
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if max_processes < 1:
         raise ValueError(f"max_processes must be at least 1, got {max_processes}")
     if max_file_mb < 1:
         raise ValueError(f"max_file_mb must be at least 1, got {max_file_mb}")
 
+    chosen = check_sandbox(backend)  # fails closed: raises before anything runs
     environment = _environment()
-    chosen = backend
-    if backend != "subprocess":
-        works, reason = environment.bwrap_status()
-        if works:
-            chosen = "bwrap"
-        elif backend == "bwrap":
-            raise RuntimeError(f"bubblewrap sandbox requested but unavailable: {reason}")
-        else:
-            environment.warn_fallback(reason)
-            chosen = "subprocess"
-
     uid, python = environment.run_as()
     file_bytes = max_file_mb * 1024**2
     processes = max_processes
@@ -409,7 +502,7 @@ def run_sandboxed(
             os.chown(workdir, uid, uid)
         python_command = [python, "-I", "-B", "-c", _RUNNER, *runner_args]
         if chosen == "bwrap":
-            bwrap = shutil.which("bwrap") or "bwrap"
+            bwrap = environment.bwrap_path
             tmpfs_bytes = max(file_bytes, _MIN_TMPFS_BYTES)
             command = _bwrap_command(bwrap, python, _bwrap_supports_size_cached(bwrap), tmpfs_bytes)
             command += python_command
@@ -465,15 +558,23 @@ def _bwrap_supports_size_cached(bwrap: str) -> bool:
 
 
 def code_reward(
-    program: str, tests: str, *, timeout: float = 10.0, memory_mb: int = 512, backend: str = "auto"
+    program: str,
+    tests: str,
+    *,
+    timeout: float = 10.0,
+    memory_mb: int = 512,
+    backend: str | None = None,
 ) -> float:
     """1.0 if ``program`` followed by ``tests`` runs to completion in the sandbox, else 0.0.
 
     ``tests`` is Python that raises (e.g. a failing ``assert``) when the program is wrong. See
-    `run_sandboxed` for the limits and `gmts.rewards.program` for HumanEval/MBPP assembly.
+    `run_sandboxed` for the limits and the backends (``backend=None``: ``$GMTS_SANDBOX``, else
+    bubblewrap, which raises SandboxUnavailableError where it does not work) and
+    `gmts.rewards.program` for HumanEval/MBPP assembly.
     """
     if not isinstance(tests, str):
         raise ValueError(f"tests must be a str, got {type(tests).__name__}")
+    backend = check_sandbox(backend)  # refuse even for a program that would score 0 unrun
     if not isinstance(program, str):
         return 0.0
     result = run_sandboxed(

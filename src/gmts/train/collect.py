@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
+from gmts.rewards.sandbox import SandboxUnavailableError
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
 from gmts.train.distributed import DistInfo, all_reduce_sum
@@ -20,13 +21,16 @@ def score_rewards(
     reward_fn: RewardFn, completions: list[str], answers: list[str]
 ) -> tuple[torch.Tensor, int]:
     """``(B,)`` float32 rewards and the number of samples whose reward function raised or
-    returned a non-finite value (those get 0: one bad verifier call never stops a run)."""
+    returned a non-finite value (those get 0: one bad verifier call never stops a run). A
+    ``SandboxUnavailableError`` (code rewards without their sandbox) is raised, not counted."""
     values, errors = [], 0
     for completion, answer in zip(completions, answers):
         try:
             value = float(reward_fn(completion, answer))
             if not math.isfinite(value):
                 raise ValueError("non-finite reward")
+        except SandboxUnavailableError:  # no sandbox: every code reward would be a silent 0
+            raise
         except Exception:  # any failure of a user reward: 0 for this sample, counted
             value, errors = 0.0, errors + 1
         values.append(value)

@@ -94,6 +94,12 @@ class DataConfig:
         "Prompt template name for gmts.data.prompts.format_prompt (dataset training only; "
         "null: raw question text).",
     )
+    sandbox: Literal["bwrap", "subprocess"] | None = _f(
+        None,
+        "Sandbox for a reward that runs code (data.reward=code): bwrap (bubblewrap; without a "
+        "working one training stops before loading the model) or subprocess (WEAKER, no "
+        "filesystem/network/process isolation: explicit opt-in). null: $GMTS_SANDBOX, else bwrap.",
+    )
     shuffle: bool = _f(True, "Shuffle the dataset each pass (seeded by the run seed).")
     eval_questions: int = _f(100, "Held-out questions for the built-in task's evaluation.")
     eval_samples: int = _f(16, "Samples per held-out question (average@k and pass@k, k = this).")
@@ -103,6 +109,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         from gmts.data.prompts import available_templates
         from gmts.rewards.registry import available_rewards
+        from gmts.rewards.sandbox import BACKENDS as SANDBOX_BACKENDS
 
         if self.dataset is None:
             from gmts.data.tasks import available_tasks
@@ -121,6 +128,11 @@ class DataConfig:
             self.reward in available_rewards(),
             "data.reward",
             f"unknown reward {self.reward!r}; available: {available_rewards()}",
+        )
+        _check(
+            self.sandbox in (None, *SANDBOX_BACKENDS),
+            "data.sandbox",
+            f"expected one of {SANDBOX_BACKENDS} or null, got {self.sandbox!r}",
         )
         _check(self.eval_questions >= 0, "data.eval_questions", "must be >= 0")
         _check(self.eval_samples >= 1, "data.eval_samples", "must be >= 1")

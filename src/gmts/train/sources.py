@@ -144,11 +144,16 @@ class DatasetSource:
         self._order = self._make_order()
 
 
-def dataset_reward(name: str) -> RewardFn:
-    """The reward function ``name`` from gmts.rewards (``reward(completion, answer) -> float``)."""
+def dataset_reward(name: str, *, sandbox: str | None = None) -> RewardFn:
+    """The reward function ``name`` from gmts.rewards (``reward(completion, answer) -> float``).
+
+    A reward that runs code gets sandbox ``sandbox`` (data.sandbox), checked now: where
+    bubblewrap does not work and the weaker backend was not chosen, this raises
+    ``gmts.rewards.SandboxUnavailableError`` (before any model is loaded).
+    """
     from gmts.rewards import get_reward
 
     try:
-        return get_reward(name)
+        return get_reward(name, sandbox=sandbox)
     except ValueError as exc:
         raise ValueError(f"data.reward: {exc}") from None

@@ -134,13 +134,13 @@ class Trainer:
             self.reward_fn = reward_fn or self.task.reward
             self.max_new_tokens = r.max_response_length or self.task.max_new_tokens
         else:
+            self.reward_fn = reward_fn or dataset_reward(cfg.data.reward, sandbox=cfg.data.sandbox)
             examples = load_examples(
                 cfg.data.dataset,
                 split=cfg.data.split,
                 question_field=cfg.data.question_field,
                 answer_field=cfg.data.answer_field,
             )
-            self.reward_fn = reward_fn or dataset_reward(cfg.data.reward)
             self.max_new_tokens = r.max_response_length or DATASET_MAX_NEW_TOKENS
 
         # The model: rank 0 builds/caches the embedded warm start first, then the others.

@@ -106,18 +106,20 @@ def build_command(argv: Sequence[str]) -> tuple[GMTSVerlSettings, str, list[str]
 
 
 def _check_overrides(settings: GMTSVerlSettings, overrides: list[str]) -> None:
-    """Fail before Ray starts on verl settings the worker-side loss would reject anyway."""
+    """Fail before Ray starts on actor settings the worker-side loss would reject anyway (the
+    same check, :func:`~gmts.integrations.verl.loss.check_actor_config`, on the overrides)."""
+    from gmts.integrations.verl.loss import check_actor_config
+
+    prefix = "actor_rollout_ref.actor."
     values = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
-    agg = values.get("actor_rollout_ref.actor.loss_agg_mode", "token-mean")
-    selection = settings.selection
-    if selection.enabled and selection.normalize == "selected" and agg != "token-mean":
-        raise ValueError(
-            f"actor_rollout_ref.actor.loss_agg_mode={agg} with gmts.normalize=selected: eq. 2 is "
-            "a token-mean over the selected tokens; use token-mean or gmts.normalize=all"
-        )
-    mode = values.get("actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla")
-    if selection.enabled and selection.score in ("gmts", "omega") and mode != "vanilla":
-        raise ValueError(f"policy_loss.loss_mode={mode}: omega-based scores need vanilla")
+    actor = {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
+    config = {  # verl's defaults where the overrides say nothing
+        "loss_agg_mode": actor.get("loss_agg_mode", "token-mean"),
+        "policy_loss": {"loss_mode": actor.get("policy_loss.loss_mode", "vanilla")},
+        "use_kl_loss": actor.get("use_kl_loss", "false").strip().lower() == "true",
+        "kl_loss_type": actor.get("kl_loss_type", "low_var_kl"),
+    }
+    check_actor_config(config, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

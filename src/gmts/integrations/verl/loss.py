@@ -5,24 +5,42 @@ verl's engine workers run the actor update as: mini-batch ``TensorDict`` ->
 ranks) -> micro-batches -> ``loss_function(model_output, data, dp_group)`` per micro-batch.
 :class:`GMTSPolicyLoss` is such a ``loss_function`` (installed with the worker's ``set_loss_fn``)
 with one extra step, :meth:`GMTSPolicyLoss.prepare_mini_batch`, that the plugin's engine hook
-calls on the whole mini-batch before it is split:
+calls on the whole mini-batch before it is split.
 
-1. per-token quantities of the mini-batch (``(B, R)`` padded, R = max response length):
+Both of verl's trainer paths reach this code, with different layouts of the response fields
+(``response_mask``, ``old_log_probs``, ``advantages``, ``ref_log_prob``,
+``rollout_is_weights``):
+
+- the V1 trainer (``trainer.use_v1=true``, verl 0.9's default) hands over jagged nested tensors
+  ``(B, j)`` (one row per answer, its own length), ``old_log_probs`` often in bf16;
+- the legacy trainer hands over padded ``(B, R)`` tensors.
+
+Both are read the way verl's own ``ppo_loss`` reads them: ``data.select(...).to_padded_tensor()``
+gives padded ``(B, R)`` tensors, R = the longest response of the (mini- or micro-) batch.
+
+1. per-token quantities of the mini-batch (padded, float32 whatever the input dtype):
    ``score_inputs='current'`` runs one extra no-grad forward pass with the parameters about to
    be updated (exact r, I(r, A), KL and entropy for every mini-batch); ``'rollout'`` uses
    ``old_log_probs`` (r = 1);
-2. omega from verl's own objective: clip_ratio_low/high, the dual clip clip_ratio_c, and, with
-   ``use_kl_loss``, k3 (``low_var_kl``) with ``kl_loss_coef`` clamped at 10 as verl does;
+2. omega from verl's own objective: clip_ratio_low/high, the dual clip clip_ratio_c, with
+   ``use_kl_loss`` k3 (``low_var_kl``) with ``kl_loss_coef`` clamped at 10 as verl does, and
+   verl's rollout-correction weights w (``rollout_is_weights``, which verl multiplies into the
+   per-token policy loss): the policy part of omega is w * r * A * I(r, A);
 3. exactly k = ceil(ratio * N) tokens selected over the mini-batch of all data-parallel ranks
-   (the core's ``select_tokens`` with the engine's DP group); the mask is stored per row as
-   ``data["gmts_selected"]``, so it follows the rows through verl's micro-batch reordering,
-   and the global selected count S as ``gmts_num_selected``.
+   (the core's ``select_for_update`` with the engine's DP group); the mask is stored per row as
+   ``data["gmts_selected"]`` in the layout of ``response_mask`` (jagged nested when that is
+   nested, padded otherwise), so it follows the rows through verl's micro-batching and
+   reordering, and the global selected count S as ``gmts_num_selected``.
 
 The loss is verl's own policy loss (``actor.policy_loss.loss_mode``, vanilla for omega-based
-scores) evaluated on ``response_mask & gmts_selected``; with ``normalize='selected'`` verl's
-token-mean divides by S instead of the global token count (eq. 2). The KL loss covers the
-selected tokens (``kl_tokens='selected'``, divided like the policy term) or all valid tokens
-(``'all'``, divided by the global token count). The entropy bonus stays verl's (all tokens).
+scores) on the selected tokens, aggregated and divided by the core's rule
+(``gmts.core.loss.LossConfig``: its ``aggregation`` and ``denominators`` on the mini-batch's
+global ``TokenSums``, computed once in :func:`prepare_selection`): ``normalize='selected'`` is
+eq. 2, a token-mean over S whatever verl's ``loss_agg_mode``; ``normalize='all'`` keeps verl's
+aggregation counting every valid token (N for token-mean; per answer |o_i|, then the rows, for
+seq-mean-token-mean). The KL loss covers the selected tokens (``kl_tokens='selected'``) or all
+valid tokens (``'all'``), with the core's KL divisor. The entropy bonus stays verl's (all
+tokens, verl's divisor).
 """
 
 from __future__ import annotations
@@ -32,7 +50,8 @@ from typing import Any
 
 import torch
 
-from gmts.core.loss import TokenSums
+from gmts.core.aggregation import Aggregation, get_aggregation
+from gmts.core.loss import LossConfig, TokenSums
 from gmts.core.objectives import ObjectiveConfig
 from gmts.core.scores import score_requirements
 from gmts.core.step import select_for_update
@@ -49,8 +68,14 @@ __all__ = [
 SELECTED_KEY = "gmts_selected"
 NUM_SELECTED_KEY = "gmts_num_selected"
 THRESHOLD_KEY = "gmts_threshold"
+DIVISORS_KEY = "gmts_divisors"  # (policy, KL) from the core's LossConfig.denominators
 _K3_TYPES = ("low_var_kl", "k3")
 _VERL_K3_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
+# verl's loss_agg_mode values the core's aggregations cover (same names, same meaning)
+VERL_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+# verl policy losses that multiply the per-token loss by rollout_is_weights before aggregating
+# (checked in verl 0.9.1's core_algos.compute_policy_loss_vanilla)
+_WEIGHTING_LOSS_MODES = ("vanilla",)
 
 
 def _cfg(config: Any, name: str, default: Any = None) -> Any:
@@ -81,8 +106,17 @@ def objective_from_actor_config(config: Any) -> ObjectiveConfig:
         kl_coef=float(_cfg(config, "kl_loss_coef", 0.0)) if use_kl else 0.0,
         kl_ratio_correction=False,
         kl_clamp=_VERL_K3_CLAMP if use_kl and kl_type in _K3_TYPES else None,
-        aggregation="token-mean",
+        aggregation=_core_aggregation(str(_cfg(config, "loss_agg_mode", "token-mean"))),
     )
+
+
+def _core_aggregation(loss_agg_mode: str) -> str:
+    """The core aggregation of a verl ``loss_agg_mode`` (same name where the core has it)."""
+    if loss_agg_mode not in VERL_AGGREGATIONS:
+        raise ValueError(
+            f"loss_agg_mode={loss_agg_mode!r}: GMTS covers verl's {list(VERL_AGGREGATIONS)}"
+        )
+    return loss_agg_mode
 
 
 def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
@@ -90,19 +124,25 @@ def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
     problems = []
     selection = settings.selection
     needs_omega = selection.enabled and "omega" in score_requirements(selection.score)
-    if needs_omega and _loss_mode(config) != "vanilla":
+    mode = _loss_mode(config)
+    if needs_omega and mode != "vanilla":
         problems.append(
-            f"policy_loss.loss_mode={_loss_mode(config)!r}: omega-based scores assume verl's "
+            f"policy_loss.loss_mode={mode!r}: omega-based scores assume verl's "
             "vanilla clipped objective; use loss_mode=vanilla or score=entropy/random"
         )
     kl_type = str(_cfg(config, "kl_loss_type", "low_var_kl"))
     if needs_omega and _cfg(config, "use_kl_loss", False) and kl_type not in _K3_TYPES:
         problems.append(f"kl_loss_type={kl_type!r}: omega covers the k3 KL only (low_var_kl / k3)")
     agg = str(_cfg(config, "loss_agg_mode", "token-mean"))
-    if selection.enabled and selection.normalize == "selected" and agg != "token-mean":
+    if agg not in VERL_AGGREGATIONS:
+        problems.append(f"loss_agg_mode={agg!r}: GMTS covers verl's {list(VERL_AGGREGATIONS)}")
+    row_mean = agg in VERL_AGGREGATIONS and get_aggregation(agg).row_mean
+    applied = selection.normalize == "all" and row_mean  # else eq. 2's token-mean
+    if selection.enabled and applied and mode not in _WEIGHTING_LOSS_MODES:
         problems.append(
-            f"loss_agg_mode={agg!r}: normalize='selected' (eq. 2) is a token-mean over the "
-            "selected tokens; set loss_agg_mode=token-mean or gmts.normalize=all"
+            f"loss_agg_mode={agg!r} with policy_loss.loss_mode={mode!r}: each answer is divided "
+            "by its own length |o_i|, so the unselected tokens' loss must be zeroed by weights, "
+            f"which only {list(_WEIGHTING_LOSS_MODES)} is known to apply per token"
         )
     if problems:
         raise ValueError(
@@ -111,16 +151,35 @@ def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# the response fields, in either of verl's layouts
+
+
+def padded_response_fields(data: Any, keys: list[str]) -> Any:
+    """``keys`` of ``data`` as padded ``(B, R)`` tensors, the way verl's ``ppo_loss`` reads them.
+
+    ``data.select(*keys).to_padded_tensor()``: jagged nested fields (V1 trainer) are padded with
+    zeros to R = the longest response in ``data``; padded fields (legacy trainer) pass unchanged.
+    """
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise ValueError(f"the actor mini-batch has no {missing} (fields: {sorted(data.keys())})")
+    return data.select(*keys).to_padded_tensor()
+
+
+def _like_response_mask(selected: torch.Tensor, data: Any) -> torch.Tensor:
+    """``selected`` ``(B, R)`` in the layout of ``data['response_mask']``: jagged nested ``(B, j)``
+    when that is nested (verl's ``response_to_nested``), else padded; on its device."""
+    response_mask = data["response_mask"]
+    selected = selected.to(response_mask.device)
+    if not response_mask.is_nested:
+        return selected
+    from verl.workers.utils.padding import response_to_nested
+
+    return response_to_nested(selected, response_mask)
+
+
+# --------------------------------------------------------------------------------------------
 # selection on the whole mini-batch
-
-
-def _padded(data: Any, key: str) -> torch.Tensor:
-    value = data[key]
-    if getattr(value, "is_nested", False):
-        raise ValueError(
-            f"data[{key!r}] is a nested tensor; GMTS expects verl's padded (B, R) response fields"
-        )
-    return value
 
 
 def prepare_selection(
@@ -136,30 +195,50 @@ def prepare_selection(
     """Select the tokens of a whole (local shard of a) mini-batch and store the result in it.
 
     Args:
-        data: verl ``TensorDict`` with padded ``(B, R)`` ``response_mask``, ``old_log_probs``,
-            ``advantages`` and (for a KL objective) ``ref_log_prob``.
+        data: verl ``TensorDict`` with ``response_mask``, ``old_log_probs``, ``advantages``,
+            (for a KL objective) ``ref_log_prob`` and optionally ``rollout_is_weights``, each
+            padded ``(B, R)`` (legacy trainer) or jagged nested ``(B, j)`` (V1 trainer).
         logprobs, entropy: ``(B, R)`` current-policy statistics from the extra pass, or None
-            (rollout inputs: logprobs = old_log_probs, so r = 1).
+            (rollout inputs: logprobs = old_log_probs, so r = 1). R must be the padded width of
+            the response fields (verl's ``no_padding_2_padding`` gives it).
         process_group: the data-parallel group; selection and counts are global over it.
         step: seeds the 'random' score.
 
     Returns:
-        ``data``, with ``gmts_selected`` ``(B, R)`` bool and the non-tensor entries
-        ``gmts_num_selected`` (global S, at least 1) and ``gmts_threshold``.
+        ``data``, with ``gmts_selected`` (bool, in the layout of ``response_mask``) and the
+        non-tensor entries ``gmts_num_selected`` (global S, at least 1) and ``gmts_threshold``.
+        Scores and selection are computed in float32 whatever the fields' dtype (V1 delivers
+        ``old_log_probs`` in bf16).
     """
     from verl.utils import tensordict_utils as tu
 
-    home = _padded(data, "response_mask").device  # where the mini-batch lives (often CPU)
-    device = _selection_device(logprobs, process_group, home)
-    response_mask = _padded(data, "response_mask").to(device).bool()  # (B, R)
-    old_logprobs = _padded(data, "old_log_probs").to(device).float()
-    advantages = _padded(data, "advantages").to(device).float()
+    keys = ["response_mask", "old_log_probs", "advantages"]
+    keys += [k for k in ("rollout_is_weights",) if k in data]
+    if objective.kl_coef > 0:
+        keys.append("ref_log_prob")
+    fields = padded_response_fields(data, keys)
+    device = _selection_device(logprobs, process_group, fields["response_mask"].device)
+    response_mask = fields["response_mask"].to(device).bool()  # (B, R)
+    width = response_mask.shape[1]
+    old_logprobs = fields["old_log_probs"].to(device).float()  # (B, R)
+    advantages = fields["advantages"].to(device).float()  # (B, R)
+    if "rollout_is_weights" in fields:
+        # verl multiplies the per-token policy loss by w >= 0; its omega is w * r A I(r, A),
+        # which is r (w A) I(r, w A) since w > 0 keeps the sign of A (w = 0: both are 0)
+        weights = fields["rollout_is_weights"].to(device).float()  # (B, R)
+        if bool((weights[response_mask] < 0).any()):
+            raise ValueError("rollout_is_weights has negative entries; GMTS needs weights >= 0")
+        advantages = advantages * weights
     ref_logprobs = None
     if objective.kl_coef > 0:
-        ref_logprobs = _padded(data, "ref_log_prob").to(device).float()
+        ref_logprobs = fields["ref_log_prob"].to(device).float()
+    for name, value in (("logprobs", logprobs), ("entropy", entropy)):
+        if value is not None and tuple(value.shape) != tuple(response_mask.shape):
+            raise ValueError(
+                f"{name} has shape {tuple(value.shape)}, the mini-batch's padded response "
+                f"fields {(response_mask.shape[0], width)}"
+            )
     current = old_logprobs if logprobs is None else logprobs.to(device).float()
-    if entropy is not None:
-        entropy = entropy.to(device)
     result = select_for_update(
         settings.selection,
         objective,
@@ -167,17 +246,24 @@ def prepare_selection(
         old_logprobs=old_logprobs,
         advantages=advantages,
         response_mask=response_mask,
-        entropy=None if entropy is None else entropy.float(),
+        entropy=None if entropy is None else entropy.to(device).float(),
         ref_logprobs=ref_logprobs,
         process_group=process_group,
         step=step,
     )
     selected = response_mask if result.selected is None else result.selected & response_mask
     counts = TokenSums.count(response_mask, selected).all_reduce(process_group)
-    num_selected = max(counts["selected_tokens"], 1.0)
-    data[SELECTED_KEY] = selected.to(home)
+    divisors = LossConfig.of(objective, settings.selection).denominators(counts)
+    data[SELECTED_KEY] = _like_response_mask(selected, data)
     threshold = math.nan if result.threshold is None else float(result.threshold)
-    tu.assign_non_tensor(data, **{NUM_SELECTED_KEY: num_selected, THRESHOLD_KEY: threshold})
+    tu.assign_non_tensor(
+        data,
+        **{
+            NUM_SELECTED_KEY: max(counts["selected_tokens"], 1.0),
+            DIVISORS_KEY: (divisors.policy, divisors.kl),
+            THRESHOLD_KEY: threshold,
+        },
+    )
     return data
 
 
@@ -208,12 +294,21 @@ def gmts_ppo_loss(
 
     Args:
         config: verl ``ActorConfig``. model_output: ``{"log_probs", "entropy"?}`` of the
-            micro-batch (nested, no padding). data: the micro-batch ``TensorDict``, carrying
+            micro-batch (packed or nested over prompt + response, as the engine returns them).
+            data: the micro-batch ``TensorDict`` (padded or nested response fields), carrying
             ``gmts_selected`` from :func:`prepare_selection` unless selection is off.
 
     Returns:
         ``(loss, metrics)`` like ``ppo_loss``; loss is scaled so that summing it over
         micro-batches and averaging gradients over DP ranks gives the mini-batch loss.
+
+    Only the selected tokens carry policy (and, with ``kl_tokens='selected'``, KL) loss. Token
+    sums: verl's policy loss on the mask ``response_mask & gmts_selected``; for a row-mean
+    aggregation (seq-mean-token-mean with ``normalize='all'``), whose per-answer divisor |o_i|
+    counts the whole answer, the full ``response_mask`` with the unselected tokens' loss zeroed
+    (a 0/1 factor in verl's per-token ``rollout_is_weights``). Aggregation and divisors: the
+    core's (``gmts_divisors`` from :func:`prepare_selection`), passed to verl in the slot its
+    aggregation divides by (``batch_num_tokens`` for tokens, ``global_batch_size`` for rows).
     """
     from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
     from verl.utils import tensordict_utils as tu
@@ -230,30 +325,41 @@ def gmts_ppo_loss(
     batch_num_tokens = data["batch_num_tokens"]  # all valid tokens of the mini-batch, all ranks
     global_batch_size = data["global_batch_size"]
     num_selected = tu.get_non_tensor_data(data=data, key=NUM_SELECTED_KEY, default=None)
+    divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
     threshold = tu.get_non_tensor_data(data=data, key=THRESHOLD_KEY, default=math.nan)
 
     wanted = ["response_mask", "old_log_probs", "advantages"]
     wanted += [k for k in ("rollout_is_weights", "ref_log_prob", SELECTED_KEY) if k in data]
-    fields = data.select(*wanted).to_padded_tensor()
+    fields = padded_response_fields(data, wanted)
     response_mask = fields["response_mask"].bool()  # (B, R)
+    info = {
+        "dp_size": dp_size,
+        "batch_num_tokens": batch_num_tokens,
+        "global_batch_size": global_batch_size,
+        "loss_scale_factor": config.loss_scale_factor,
+    }
     if SELECTED_KEY in fields:
+        if divisors is None:
+            raise ValueError(f"micro-batch has no {DIVISORS_KEY!r} (see prepare_selection)")
         selected = fields[SELECTED_KEY].bool() & response_mask
+        # the core's rule: eq. 2's token-mean over S, or the objective's own aggregation
+        loss_config = LossConfig.of(objective_from_actor_config(config), selection)
+        aggregation = loss_config.aggregation(selection=True)
+        policy_info = _with_divisor(info, aggregation, divisors[0])
+        kl_info = _with_divisor(info, aggregation, divisors[1])
+        kl_carriers = selected if selection.kl_tokens == "selected" else response_mask
     elif not selection.enabled or not torch.is_grad_enabled():
         # no selection, or a forward-only evaluation of the loss (infer_batch with
-        # compute_loss): nothing is trained, so the reported loss covers every valid token
-        selected = response_mask
+        # compute_loss): nothing is trained, so the loss is verl's over every valid token
+        selected = kl_carriers = response_mask
+        aggregation = get_aggregation(_core_aggregation(config.loss_agg_mode))
+        policy_info = kl_info = info
         num_selected = batch_num_tokens
     else:
         raise ValueError(
             f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
             "mini-batch (is the gmts verl plugin registered in this worker process?)"
         )
-    if selection.enabled and selection.normalize == "selected":
-        if num_selected is None:
-            raise ValueError(f"micro-batch has no {NUM_SELECTED_KEY!r} (see prepare_selection)")
-        policy_tokens = num_selected
-    else:
-        policy_tokens = batch_num_tokens
 
     uses_global_info = (
         dp_size > 1
@@ -261,59 +367,62 @@ def gmts_ppo_loss(
         or global_batch_size is not None
         or config.loss_scale_factor is not None
     )
-    aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
-    info = {
-        "dp_size": dp_size,
-        "global_batch_size": global_batch_size,
-        "loss_scale_factor": config.loss_scale_factor,
-    }
+    metric_aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
+    weights = fields.get("rollout_is_weights", None)
+    policy_mask = selected
+    if aggregation.row_mean:
+        # each answer divided by its length |o_i|: full mask, unselected tokens' loss zeroed
+        policy_mask = response_mask
+        keep = selected.to(log_prob.dtype)  # (B, R)
+        weights = keep if weights is None else weights * keep
     # verl's policy loss functions aggregate with config.global_batch_info
-    config.global_batch_info.update(info, batch_num_tokens=policy_tokens)
+    config.global_batch_info.update(policy_info)
     policy_loss_fn = get_policy_loss_fn(_loss_mode(config))
     pg_loss, pg_metrics = policy_loss_fn(
         old_log_prob=fields["old_log_probs"],
         log_prob=log_prob,
         advantages=fields["advantages"],
-        response_mask=selected,
-        loss_agg_mode=config.loss_agg_mode,
+        response_mask=policy_mask,
+        loss_agg_mode=aggregation.name,
         config=config,
-        rollout_is_weights=fields.get("rollout_is_weights", None),
+        rollout_is_weights=weights,
     )
     metrics: dict[str, Any] = dict(Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN))
-    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=aggregation)
+    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)
     loss = pg_loss
 
-    if entropy is not None:  # verl's entropy bonus, over every valid token
+    if entropy is not None:  # verl's entropy bonus, over every valid token, verl's divisor
         entropy_loss = agg_loss(
-            loss_mat=entropy,
-            loss_mask=response_mask,
-            loss_agg_mode=config.loss_agg_mode,
-            batch_num_tokens=batch_num_tokens,
-            **info,
+            loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=config.loss_agg_mode, **info
         )
         loss = loss - config.entropy_coeff * entropy_loss
-        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=aggregation)
+        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
 
     if config.use_kl_loss:
-        kl_on_selected = selection.kl_tokens == "selected"
         kld = kl_penalty(
             logprob=log_prob, ref_logprob=fields["ref_log_prob"], kl_penalty=config.kl_loss_type
-        )
+        )  # (B, R)
+        kld = torch.where(kl_carriers, kld, torch.zeros_like(kld))  # counted over the answer
         kl_loss = agg_loss(
-            loss_mat=kld,
-            loss_mask=selected if kl_on_selected else response_mask,
-            loss_agg_mode=config.loss_agg_mode,
-            batch_num_tokens=policy_tokens if kl_on_selected else batch_num_tokens,
-            **info,
+            loss_mat=kld, loss_mask=response_mask, loss_agg_mode=aggregation.name, **kl_info
         )
         loss = loss + kl_loss * config.kl_loss_coef
-        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=aggregation)
+        metrics["kl_loss"] = Metric(value=kl_loss, aggregation=metric_aggregation)
         metrics["kl_coef"] = config.kl_loss_coef
 
     if selection.enabled and batch_num_tokens:
         metrics["gmts/selected_fraction"] = float(num_selected or 0) / float(batch_num_tokens)
         metrics["gmts/score_threshold"] = float(threshold)
     return loss, metrics
+
+
+def _with_divisor(info: dict[str, Any], aggregation: Aggregation, divisor: float) -> dict:
+    """verl's aggregation arguments with the core's divisor in the slot verl divides by."""
+    if aggregation.divisor == "tokens":
+        return {**info, "batch_num_tokens": divisor}
+    if aggregation.divisor == "rows":
+        return {**info, "global_batch_size": divisor}
+    raise ValueError(f"aggregation {aggregation.name!r} has no verl counterpart")
 
 
 class GMTSPolicyLoss:

@@ -6,16 +6,20 @@ returns the named attribute without calling it, and load errors are logged at DE
 the work happens when this module is imported: it calls :func:`register`. Because every Ray
 worker imports verl, this runs in each worker process too.
 
-:func:`register` installs two small wrappers, applied when (and only if) verl's modules are
+:func:`register` installs three small wrappers, applied when (and only if) verl's modules are
 imported, so importing verl stays as cheap as before:
 
 - ``verl.workers.engine_workers.TrainingWorker.set_loss_fn``: when ``GMTS_VERL_SELECTION`` is
   set, verl's ``partial(ppo_loss, config=actor_config)`` is replaced by
   :class:`~gmts.integrations.verl.loss.GMTSPolicyLoss` for the same config (the loss-function
-  hook verl offers for custom losses). Other loss functions pass through unchanged.
+  hook verl offers for custom losses). The critic's ``value_loss`` and ``sft_loss`` pass
+  through; any other actor loss raises (GMTS was asked for and cannot be applied).
 - ``verl.workers.engine.base.BaseEngine.train_batch``: a loss function that has a
   ``prepare_mini_batch(engine, data)`` method gets to see the whole mini-batch before it is
   split into micro-batches (where GMTS selects). Any other loss function: unchanged.
+- ``verl.utils.config.validate_config`` (the driver's config check, before Ray starts): with
+  GMTS on it also runs :func:`check_trainer_config` (DAPO group filtering on the legacy
+  trainer, which has none, is refused).
 
 Without ``GMTS_VERL_SELECTION`` verl behaves exactly as without the plugin.
 """
@@ -32,7 +36,13 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["register", "is_registered", "when_imported", "wrap_loss_fn"]
+__all__ = [
+    "register",
+    "is_registered",
+    "when_imported",
+    "wrap_loss_fn",
+    "check_trainer_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -108,22 +118,39 @@ def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
 # the two wrappers
 
 
+# loss functions of verl's other roles, which have no policy tokens to select (critic, SFT)
+PASS_THROUGH_LOSSES = frozenset({"value_loss", "sft_loss"})
+
+
 def wrap_loss_fn(loss_fn: Any) -> Any:
-    """``loss_fn``, or the GMTS loss in place of verl's actor ``ppo_loss`` when GMTS is on."""
-    from gmts.integrations.verl.settings import GMTSVerlSettings
+    """``loss_fn``, or the GMTS loss in place of verl's actor ``ppo_loss`` when GMTS is on.
+
+    With GMTS on, verl's critic ``value_loss`` and ``sft_loss`` pass through untouched; any
+    other loss (a distillation loss, a custom actor loss) raises ``ValueError``: GMTS was asked
+    for and cannot be applied, and training without selection would be a silent fallback.
+    """
+    from gmts.integrations.verl.settings import ENV_VAR, GMTSVerlSettings
 
     settings = GMTSVerlSettings.from_env()
-    if settings is None or not isinstance(loss_fn, functools.partial):
-        return loss_fn
-    from verl.workers.utils.losses import ppo_loss
-
-    if loss_fn.func is not ppo_loss or "config" not in loss_fn.keywords:
-        name = getattr(loss_fn.func, "__name__", repr(loss_fn.func))
-        if name not in ("value_loss", "sft_loss"):  # critic / SFT: nothing to select
-            logger.warning("gmts: loss function %s left unchanged (GMTS wraps ppo_loss only)", name)
+    if settings is None:
         return loss_fn
     from gmts.integrations.verl.loss import GMTSPolicyLoss
 
+    if isinstance(loss_fn, GMTSPolicyLoss):
+        return loss_fn
+    func = loss_fn.func if isinstance(loss_fn, functools.partial) else loss_fn
+    name = getattr(func, "__name__", type(func).__name__)
+    if name in PASS_THROUGH_LOSSES:
+        return loss_fn
+    from verl.workers.utils.losses import ppo_loss
+
+    if func is not ppo_loss or "config" not in loss_fn.keywords:
+        raise ValueError(
+            f"gmts: {ENV_VAR} asks for GMTS selection, but the actor's loss function is {name}, "
+            "not verl's ppo_loss (GMTS replaces ppo_loss only; critic value_loss and sft_loss "
+            f"pass through). Unset {ENV_VAR} (or run without the gmts launcher) to train with "
+            f"{name}."
+        )
     logger.warning("gmts: actor loss replaced by GMTS selection %s", settings.to_dict())
     return GMTSPolicyLoss(loss_fn.keywords["config"], settings)
 
@@ -161,9 +188,50 @@ def patch_base_engine(module: ModuleType) -> None:
     cls.train_batch = train_batch
 
 
+def check_trainer_config(config: Any) -> None:
+    """Raise ``ValueError`` for a verl trainer config that would silently not do what it says.
+
+    DAPO's dynamic sampling (``algorithm.filter_groups.enable=true``) exists only in verl 0.9's
+    V1 trainer (``verl/trainer/ppo/v1/trainer_base.py`` builds its replay buffer with the group
+    filter); the legacy trainer (``trainer.use_v1=false``, ``main_ppo_v0`` / ``ray_trainer.py``)
+    never reads ``filter_groups``, so the run would train on unfiltered groups.
+    """
+    trainer = config.get("trainer", {}) or {}
+    algorithm = config.get("algorithm", {}) or {}
+    filter_groups = algorithm.get("filter_groups", None) or {}
+    if not bool(trainer.get("use_v1", True)) and bool(filter_groups.get("enable", False)):
+        raise ValueError(
+            "algorithm.filter_groups.enable=true with trainer.use_v1=false: verl's legacy trainer "
+            "implements no group filtering (DAPO dynamic sampling exists only in the V1 trainer), "
+            "so the run would silently train on every group. Use trainer.use_v1=true, or "
+            "algorithm.filter_groups.enable=false for DAPO without dynamic sampling."
+        )
+
+
+def patch_validate_config(module: ModuleType) -> None:
+    """Wrap ``module.validate_config`` (verl's driver-side config check, run by
+    ``verl.trainer.main_ppo.main`` before Ray starts) to add :func:`check_trainer_config` when
+    GMTS is on (idempotent)."""
+    original = module.validate_config
+    if getattr(original, _PATCH_MARK, False):
+        return
+
+    @functools.wraps(original)
+    def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
+        from gmts.integrations.verl.settings import GMTSVerlSettings
+
+        if GMTSVerlSettings.from_env() is not None:
+            check_trainer_config(config)
+        return original(config, *args, **kwargs)
+
+    setattr(validate_config, _PATCH_MARK, True)
+    module.validate_config = validate_config
+
+
 TARGETS: dict[str, Callable[[ModuleType], None]] = {
     "verl.workers.engine_workers": patch_training_worker,
     "verl.workers.engine.base": patch_base_engine,
+    "verl.utils.config": patch_validate_config,
 }
 
 

@@ -4,7 +4,10 @@ For every gold answer of a math benchmark, the completion ``"... so the answer i
 must score 1.0 (GOLD written two ways: the loader's normalised gold and the raw string as the
 file stores it), and for integer golds, ``GOLD+1`` and ``GOLD-1`` must score 0.0.
 
-    python -m gmts.rewards.gold_rates [--data-dir PATH] [--benchmarks math500,aime24,...]
+    python benchmarks/gold_rates.py [--data-dir PATH] [--benchmarks math500,aime24,...]
+
+A measurement script (docs/rewards.md quotes its table), not library code; the test suite runs
+``measure`` on the real files (tests/rewards/test_rewards_benchmarks.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gmts.data.datasets import load_benchmark
+from gmts.rewards.math_answer import symbolic_match
 from gmts.rewards.math_verifier import math_reward
 
 PAPER_MATH = ("math500", "aime24", "amc23", "minerva", "olympiadbench")
@@ -54,19 +59,6 @@ def _raw_gold(example) -> str:
     return str(raw)
 
 
-def _symbolic_match(predicted: str, gold: str) -> bool:
-    """math-verify alone (no exact-string shortcut), in this process, no time bound."""
-    from math_verify import verify
-
-    from gmts.rewards.math_answer import _parse, normalize_answer
-
-    gold_parsed = _parse(normalize_answer(gold))
-    predicted_parsed = _parse(normalize_answer(predicted))
-    return bool(
-        gold_parsed and predicted_parsed and verify(list(gold_parsed), list(predicted_parsed))
-    )
-
-
 def measure(
     name: str,
     *,
@@ -75,14 +67,13 @@ def measure(
     math_verify_only: bool = False,
 ) -> GoldRate:
     """Run the self-check on benchmark ``name`` (see module docstring)."""
-    from gmts.data.datasets import load_benchmark
 
     rate = GoldRate(name, symbolic_ok=0 if math_verify_only else None)
     start = time.monotonic()
     for example in load_benchmark(name, data_dir=data_dir):
         rate.total += 1
         gold = example.answer
-        if math_verify_only and _symbolic_match(_raw_gold(example), gold):
+        if math_verify_only and symbolic_match(_raw_gold(example), gold):
             rate.symbolic_ok += 1
         if math_reward(f"... so the answer is \\boxed{{{gold}}}", gold, timeout=timeout) == 1.0:
             rate.normalised_ok += 1
