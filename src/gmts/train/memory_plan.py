@@ -378,8 +378,16 @@ class MemoryPlan:
     def peak(self) -> float:
         return self.total(self.peak_phase)
 
+    def summary(self) -> str:
+        """One line: the peak and its phase."""
+        s = self.settings
+        return (
+            f"memory plan: peak {self.peak / 2**20:.1f} MiB per rank in the {self.peak_phase} "
+            f"phase ({s.world_size} x {s.strategy}, {s.dtype}); `gmts plan` shows its parts"
+        )
+
     def table(self) -> str:
-        """A text table: one column per phase, one row per part, in GiB."""
+        """A text table: one column per phase, one row per part (GiB, or MiB under 1 GiB)."""
         names = list(self.phases)
         parts = list(dict.fromkeys(p for ph in self.phases.values() for p in ph))
         s = self.settings

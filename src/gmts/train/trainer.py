@@ -47,7 +47,13 @@ from gmts.train.distributed import (
     init_distributed,
     resolve_device,
 )
-from gmts.train.memory_plan import MemoryPlan, PlanSettings, check_fits_device, plan_memory
+from gmts.train.memory_plan import (
+    GIB,
+    MemoryPlan,
+    PlanSettings,
+    check_fits_device,
+    plan_memory,
+)
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import load_model, load_tokenizer, resolve_model_path
 from gmts.train.precision import Precision
@@ -300,8 +306,8 @@ class Trainer:
             if self.info.is_main:
                 print(f"memory plan unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
             return None
-        if self.info.is_main:
-            print(plan.table(), file=sys.stderr)
+        if self.info.is_main:  # the whole table for real models, one line for tiny ones
+            print(plan.table() if plan.peak >= GIB else plan.summary(), file=sys.stderr)
         if self.device.type == "cuda" and self.cfg.distributed.check_memory:
             props = torch.cuda.get_device_properties(self.device)
             check_fits_device(plan, props.total_memory, f"{self.device} ({props.name})")
