@@ -8,12 +8,11 @@ import pytest
 from gmts.train.memory_plan import (
     GIB,
     MemoryPlanError,
-    ModelShape,
     PlanSettings,
-    activation_cost,
     check_fits_device,
     plan_memory,
 )
+from gmts.train.model_cost import ModelShape, activation_cost
 
 
 def _configs():
@@ -67,10 +66,10 @@ def test_activation_cost_scales_back_from_the_narrow_copy():
         vocab_size=300,
     )
     narrowed = activation_cost(wide, "float32")
-    from gmts.train import memory_plan
+    from gmts.train import model_cost
 
-    assert memory_plan._narrow_config(wide, 1)[1] == 2  # the probe did narrow it
-    unnarrowed = memory_plan._activation_cost(wide.to_json_string(), "Qwen2Config", "float32", 1)
+    assert model_cost._narrow_config(wide, 1)[1] == 2  # the probe did narrow it
+    unnarrowed = model_cost._activation_cost(wide.to_json_string(), "Qwen2Config", "float32", 1)
     assert narrowed.per_layer == pytest.approx(unnarrowed.per_layer, rel=0.02)
     assert narrowed.stream == 256 * 4
     bf16 = activation_cost(wide, "bf16-params")

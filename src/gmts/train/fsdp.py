@@ -34,7 +34,8 @@ import torch
 
 from gmts.train.distributed import barrier
 from gmts.train.layers import decoder_layers
-from gmts.train.memory_plan import Layout, ModelShape, PlanSettings
+from gmts.train.memory_plan import Layout, PlanSettings
+from gmts.train.model_cost import ModelShape
 from gmts.train.precision import Precision
 from gmts.train.strategy import STRATEGIES, Strategy
 

@@ -23,7 +23,8 @@ import torch
 
 from gmts._registry import Registry
 from gmts.train.distributed import DistInfo, all_reduce_gradients
-from gmts.train.memory_plan import Layout, ModelShape, PlanSettings
+from gmts.train.memory_plan import Layout, PlanSettings
+from gmts.train.model_cost import ModelShape
 from gmts.train.precision import Precision
 
 __all__ = ["Strategy", "Replicate", "STRATEGIES", "make_strategy", "available_strategies"]
