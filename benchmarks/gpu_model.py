@@ -14,35 +14,54 @@ import argparse
 import sys
 from pathlib import Path
 
-QWEN25_15B = {
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 2,
-    "vocab_size": 151_936,
-    "max_position_embeddings": 32_768,
-    "rope_theta": 1_000_000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-}
+QWEN25_15B = "Qwen/Qwen2.5-1.5B"
+"""The shape used (gmts.train.known_models.KNOWN_MODELS holds its config.json fields)."""
 
 
-def build(out_dir: Path, layers: int | None = None) -> Path:
-    """Save the model and tokenizer to ``out_dir`` (skipped if a model is already there)."""
+def full_vocabulary_tokenizer(vocab_size: int):
+    """The character tokenizer with one character per id of the model's vocabulary.
+
+    The task's characters keep their ids; every further id is a distinct Unicode character.
+    A random model samples ids across the whole vocabulary; with the plain task tokenizer
+    (17 ids) almost every sampled id would decode to nothing, so every completion would be
+    the same empty string. With this one every sampled id shows up in the text.
+    """
+    from gmts.data.tokenizer import END_TOKEN, TASK_ALPHABET, UNK_TOKEN, build_char_tokenizer
+
+    extra, code = [], 0x100
+    while len(extra) < vocab_size - len(TASK_ALPHABET) - 2:
+        if not 0xD800 <= code <= 0xDFFF and chr(code) not in (END_TOKEN, UNK_TOKEN):
+            extra.append(chr(code))
+        code += 1
+    return build_char_tokenizer(TASK_ALPHABET + "".join(extra))
+
+
+def build(
+    out_dir: Path, layers: int | None = None, full_vocabulary: bool = False, **shape: int
+) -> Path:
+    """Save the model and tokenizer to ``out_dir`` (skipped if a model is already there).
+
+    ``shape`` overrides fields of Qwen2.5-1.5B's configuration (``hidden_size=512``, ...);
+    ``full_vocabulary`` gives it :func:`full_vocabulary_tokenizer`.
+    """
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from gmts.data.tokenizer import build_char_tokenizer
+    from gmts.train.known_models import KNOWN_MODELS
 
     if (out_dir / "config.json").exists():
         return out_dir
-    tokenizer = build_char_tokenizer()
-    shape = dict(QWEN25_15B)
+    fields = {k: v for k, v in KNOWN_MODELS[QWEN25_15B].items() if k != "model_type"}
+    fields.update(shape)
+    if full_vocabulary:
+        tokenizer = full_vocabulary_tokenizer(fields["vocab_size"])
+    else:
+        tokenizer = build_char_tokenizer()
     if layers is not None:
-        shape["num_hidden_layers"] = layers
+        fields["num_hidden_layers"] = layers
     eos = tokenizer.eos_token_id
-    config = Qwen2Config(**shape, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    config = Qwen2Config(**fields, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     staging = out_dir.with_name(out_dir.name + ".partial")

@@ -240,18 +240,22 @@ def core(preset: str, algorithm: str) -> Cell:
 
 
 def trainer(preset: str, algorithm: str) -> Cell:
-    """The standalone trainer's mini-batch update with the forward pass replaced by the fixed
-    log-probs (micro-batches of 2 rows; the "trl" preset's unit, a micro-batch, is then the
-    whole batch, as in the TRL engine here)."""
+    """The standalone trainer's mini-batch step as ``Trainer.train_step`` runs it
+    (``select_minibatch`` then ``update_minibatch``), with the model forward replaced by the
+    fixed log-probs through the trainer's forward seam, a ``TokenScorer`` stand-in
+    (micro-batches of 2 rows; the "trl" preset's unit, a micro-batch, is then the whole batch,
+    as in the TRL engine here)."""
     from gmts.core.logprobs import TokenStatistics
-    from gmts.train import update as update_mod
-    from gmts.train.batch import TrainBatch
+    from gmts.train.batch import ScoredBatch
     from gmts.train.distributed import DistInfo
+    from gmts.train.precision import Precision
+    from gmts.train.strategy import Replicate
+    from gmts.train.update import select_minibatch, update_minibatch
 
     batch = fixed_batch()
     obj, cfg = objective(algorithm), selection(preset)
     leaf = batch.logprobs.clone().requires_grad_(True)
-    train_batch = TrainBatch(
+    train_batch = ScoredBatch(
         prompt_ids=torch.zeros(B, 1, dtype=torch.long),
         prompt_mask=torch.ones(B, 1, dtype=torch.bool),
         response_ids=torch.arange(B)[:, None].expand(B, T).contiguous(),  # row index per row
@@ -264,32 +268,36 @@ def trainer(preset: str, algorithm: str) -> Cell:
         ref_logprobs=batch.ref_logprobs if obj.kl_coef else None,
     )
 
-    def statistics(model: Any, rows_batch: TrainBatch, **_: Any) -> TokenStatistics:
-        rows = rows_batch.response_ids[:, 0]  # (b,) which rows of the fixed batch
-        return TokenStatistics(leaf[rows], batch.entropy[rows], None)
+    class FixedScorer:
+        """The trainer's TokenScorer with the model's forward replaced by the fixed batch."""
 
-    def batched(model: Any, rows_batch: TrainBatch, **_: Any) -> TokenStatistics:
-        stats = statistics(model, rows_batch)
-        return TokenStatistics(stats.logprobs.detach(), stats.entropy, None)
+        def __call__(self, model: Any, rows: Any, **_: Any) -> TokenStatistics:
+            index = rows.response_ids[:, 0]  # (b,) which rows of the fixed batch
+            return TokenStatistics(leaf[index], batch.entropy[index], None)
 
+        def no_grad(self, model: Any, rows: Any, **_: Any) -> TokenStatistics:
+            stats = self(model, rows)
+            return TokenStatistics(stats.logprobs.detach(), stats.entropy, None)
+
+    scorer, info = FixedScorer(), DistInfo()
+    micro = B if cfg.unit == "micro-batch" else 2
     model = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    settings = update_mod.UpdateSettings(
-        objective=obj,
-        selection=cfg,
-        micro_batch_size=B if cfg.unit == "micro-batch" else 2,
-        grad_clip=None,
-        overlap_metrics=False,
+    current = scorer.no_grad(model, train_batch)  # the current policy's scores
+    selected = select_minibatch(
+        train_batch, current, cfg, obj, micro_batch_size=micro, info=info, step=0
     )
-    saved = update_mod.policy_statistics, update_mod.batched_statistics
-    update_mod.policy_statistics, update_mod.batched_statistics = statistics, batched
-    try:
-        metrics, _ = update_mod.update_minibatch(
-            model, optimizer, train_batch, settings, info=DistInfo(), step=0
-        )
-    finally:
-        update_mod.policy_statistics, update_mod.batched_statistics = saved
-    return Cell(metrics["update/loss"], leaf.grad)
+    result = update_minibatch(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        train_batch,
+        selected,
+        scorer=scorer,
+        loss=gmts.LossConfig.of(obj, cfg),
+        micro_batch_size=micro,
+        grad_clip=None,
+        strategy=Replicate(info, Precision(), torch.device("cpu")),
+    )
+    return Cell(result.loss, leaf.grad)
 
 
 _TRL_LOSS_TYPE = {"grpo": "grpo", "dapo": "dapo"}

@@ -44,15 +44,15 @@ def small_config(model_dir: Path, run_dir: Path, *overrides: str):
 
 
 def rollout_batch(model: Any, tokenizer: Any, *, problem_seed: int, sample_seed: int) -> Any:
-    """A TrainBatch of 4 addition questions x 4 samples (9 new tokens) from ``model``, rewarded
-    with :func:`partial_credit`, with the old log-probs/entropies filled in (no grad)."""
+    """A ScoredBatch of 4 addition questions x 4 samples (9 new tokens) from ``model``, rewarded
+    with :func:`partial_credit`, with the old log-probs/entropies (no grad) and no reference."""
     import random
 
     from gmts.core.advantages import group_advantages
     from gmts.data.tasks import get_task
     from gmts.train.batch import TrainBatch
     from gmts.train.rollout import generate_rollouts
-    from gmts.train.update import batched_statistics
+    from gmts.train.scoring import TokenScorer
 
     problems = get_task("addition").sample(4, random.Random(problem_seed))
     roll = generate_rollouts(
@@ -60,8 +60,7 @@ def rollout_batch(model: Any, tokenizer: Any, *, problem_seed: int, sample_seed:
     )
     rewards = torch.tensor([partial_credit(c, a) for c, a in zip(roll.completions, roll.answers)])
     batch = TrainBatch.from_rollout(roll, rewards, group_advantages(rewards, 4))
-    batch.set_old_statistics(batched_statistics(model, batch, micro_batch_size=16))
-    return batch
+    return batch.scored(TokenScorer().no_grad(model, batch, micro_batch_size=16), None)
 
 
 def params_vector(model: torch.nn.Module) -> torch.Tensor:

@@ -46,12 +46,14 @@ def _make_batch(model_dir: Path, path: Path) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    import dataclasses
+
     batch = _tiny.rollout_batch(model, tokenizer, problem_seed=1, sample_seed=5)
     # a reference policy different from the current one, so the KL term has a gradient
-    batch.ref_logprobs = batch.old_logprobs + 0.1 * torch.randn(
+    ref = batch.old_logprobs + 0.1 * torch.randn(
         batch.old_logprobs.shape, generator=torch.Generator().manual_seed(0)
     )
-    torch.save(batch, path)
+    torch.save(dataclasses.replace(batch, ref_logprobs=ref), path)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import torch
 from gmts.train import checkpoint as ckpt
 from gmts.train.metrics_log import read_metrics
 from gmts.train.trainer import Trainer, train
-from gmts.train.update import UpdateSettings, update_minibatch
+from gmts.train.update import select_minibatch, update_in_one_pass, update_minibatch
 
 _spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
 _tiny = importlib.util.module_from_spec(_spec)
@@ -67,12 +67,39 @@ def _fixed_batch(model_dir: Path):
     return model, batch, cfg
 
 
+def _select_and_update(model, optimizer, batch, objective, selection, micro):
+    """What Trainer.train_step does with one mini-batch: current scores, one selection, one
+    update (returns the result and the selection)."""
+    from gmts.core.loss import LossConfig
+    from gmts.train.distributed import DistInfo
+    from gmts.train.precision import Precision
+    from gmts.train.scoring import TokenScorer
+    from gmts.train.strategy import Replicate
+
+    scorer, info = TokenScorer(), DistInfo()
+    current = scorer.no_grad(model, batch, micro_batch_size=micro)
+    selected = select_minibatch(
+        batch, current, selection, objective, micro_batch_size=micro, info=info, step=0
+    )
+    result = update_minibatch(
+        model,
+        optimizer,
+        batch,
+        selected,
+        scorer=scorer,
+        loss=LossConfig.of(objective, selection),
+        micro_batch_size=micro,
+        grad_clip=1.0,
+        strategy=Replicate(info, Precision(), torch.device("cpu")),
+    )
+    return result, selected
+
+
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_micro_batch_accumulation_equals_one_pass(tiny_dir, aggregation):
     import dataclasses
 
     from gmts.core.config import SelectionConfig
-    from gmts.train.distributed import DistInfo
 
     results = []
     for micro in (16, 4, 1):
@@ -81,14 +108,11 @@ def test_micro_batch_accumulation_equals_one_pass(tiny_dir, aggregation):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-        settings = UpdateSettings(
-            objective=dataclasses.replace(cfg.objective, aggregation=aggregation),
-            selection=SelectionConfig(score="gmts", ratio=0.3),
-            micro_batch_size=micro,
-        )
+        objective = dataclasses.replace(cfg.objective, aggregation=aggregation)
+        selection = SelectionConfig(score="gmts", ratio=0.3)
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        metrics, selected = update_minibatch(model, opt, batch, settings, info=DistInfo(), step=0)
-        results.append((_tiny.params_vector(model), selected, metrics["update/loss"]))
+        result, selected = _select_and_update(model, opt, batch, objective, selection, micro)
+        results.append((_tiny.params_vector(model), selected, result.loss))
     ref_params, ref_sel, ref_loss = results[0]
     for params, sel, loss in results[1:]:
         assert torch.equal(sel, ref_sel)
@@ -218,32 +242,45 @@ def test_dataset_training_with_template_and_position(tiny_dir, tmp_path):
         Trainer(_tiny.small_config(tiny_dir, tmp_path / "r2", "data.dataset=/no/such.jsonl"))
 
 
-def test_single_pass_mode_equals_separate_old_logprob_pass(tiny_dir):
-    """With one micro-batch and the rollout policy, the loss's own forward pass may supply the
-    old log-probs: same selection, same update as a separate no-grad pass."""
-    import dataclasses
-
+def test_update_in_one_pass_equals_scoring_then_updating(tiny_dir):
+    """With one micro-batch and the rollout policy, the loss's own forward pass supplies the
+    old log-probs: same old statistics, selection, loss, token sums and update as a separate
+    no-grad pass followed by select_minibatch + update_minibatch."""
     from gmts.core.config import SelectionConfig
+    from gmts.core.loss import LossConfig
+    from gmts.train.batch import TrainBatch
     from gmts.train.distributed import DistInfo
+    from gmts.train.precision import Precision
+    from gmts.train.scoring import TokenScorer
+    from gmts.train.strategy import Replicate
 
-    out = []
-    for single_pass in (False, True):
-        model, batch, cfg = _fixed_batch(tiny_dir)
-        if single_pass:
-            batch = dataclasses.replace(batch, old_logprobs=None, old_entropy=None)
-        settings = UpdateSettings(
-            objective=cfg.objective,
-            selection=SelectionConfig(score="gmts", ratio=0.2),
-            micro_batch_size=16,
-        )
-        opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        metrics, selected = update_minibatch(model, opt, batch, settings, info=DistInfo(), step=0)
-        out.append((_tiny.params_vector(model), selected, metrics))
-    assert torch.equal(out[0][1], out[1][1])
-    assert torch.allclose(out[0][0], out[1][0], atol=1e-6, rtol=0)
-    assert out[0][2]["select/gmts_ets_jaccard"] == pytest.approx(
-        out[1][2]["select/gmts_ets_jaccard"]
+    selection = SelectionConfig(score="gmts", ratio=0.2)
+    model, scored, cfg = _fixed_batch(tiny_dir)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    two_pass, selected = _select_and_update(model, opt, scored, cfg.objective, selection, 16)
+    two_pass_params = _tiny.params_vector(model)
+
+    model, scored, cfg = _fixed_batch(tiny_dir)
+    rollout = TrainBatch(*(getattr(scored, f) for f in TrainBatch.__dataclass_fields__))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    one_pass, batch, selected_one = update_in_one_pass(
+        model,
+        opt,
+        rollout,
+        None,
+        scorer=TokenScorer(),
+        selection=selection,
+        loss=LossConfig.of(cfg.objective, selection),
+        grad_clip=1.0,
+        strategy=Replicate(DistInfo(), Precision(), torch.device("cpu")),
+        step=0,
     )
+    assert torch.allclose(batch.old_logprobs, scored.old_logprobs, atol=1e-6, rtol=0)
+    assert torch.equal(selected_one, selected)
+    assert 0 < int(selected.sum()) < int(scored.response_mask.sum())
+    assert torch.allclose(_tiny.params_vector(model), two_pass_params, atol=1e-6, rtol=0)
+    assert one_pass.loss == pytest.approx(two_pass.loss, abs=1e-6)
+    assert one_pass.sums.metrics() == pytest.approx(two_pass.sums.metrics(), abs=1e-6)
 
 
 def test_reward_errors_and_overlong_penalty_by_hand():
@@ -275,10 +312,13 @@ def test_bfloat16_with_gradient_checkpointing_runs(tiny_dir, tmp_path):
         "optim.micro_batch_size=4",
     )
     trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
-    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+    # mixed precision: float32 master weights, AdamW state and gradients; bf16 compute
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
     before = _tiny.params_vector(trainer.model)
     trainer.run()
     assert not torch.equal(before, _tiny.params_vector(trainer.model))
+    moments = [v for s in trainer.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert moments and {m.dtype for m in moments} == {torch.float32}
     (row,) = read_metrics(tmp_path / "run")
     assert row["update/skipped_nonfinite"] == 0
 

@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("gmts.cli.eval", "evaluate a model on benchmarks (average@k)"),
     "analyze": ("gmts.cli.analyze", "per-token entropy / gradient-norm analysis (paper Fig. 2-3)"),
     "plot": ("gmts.cli.plot", "plot learning curves of one or more runs"),
+    "plan": ("gmts.cli.plan", "per-GPU memory plan of a training config (no weights loaded)"),
+    "export": ("gmts.cli.export", "write a checkpoint's float32 weights as a bf16 model folder"),
 }
 
 

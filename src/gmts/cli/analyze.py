@@ -178,12 +178,29 @@ def _token_records(analysis: Any) -> list[dict[str, Any]]:
     return records
 
 
+def _check_context(model_dir: Path, tokenizer: Any, task: Any, args: argparse.Namespace) -> None:
+    """The task's longest prompt + the budget must fit the model (config.json only)."""
+    import random
+
+    from gmts.train.context import check_fits, longest_prompt, read_limit
+
+    prompts = [p.prompt for p in task.sample(64, random.Random(args.seed))]
+    check_fits(
+        prompt_tokens=longest_prompt(tokenizer, prompts),
+        new_tokens=args.max_new_tokens or task.max_new_tokens,
+        limit=read_limit(str(model_dir), tokenizer),
+        what=f"task {task.name}",
+        settings="--max-new-tokens" if args.max_new_tokens else "--max-new-tokens or --task",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     error = _validate(args)
     if error:
         print(f"gmts analyze: {error}", file=sys.stderr)
         return 2
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gmts.analysis.collect import sample_and_analyze
     from gmts.analysis.report import build_report, selections
@@ -193,13 +210,12 @@ def run(args: argparse.Namespace) -> int:
         task = get_task(args.task)
         device = _device(args.device)
         model_dir = resolve_model_dir(args)
+        started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        _check_context(model_dir, tokenizer, task, args)
     except ValueError as exc:
         print(f"gmts analyze: {exc}", file=sys.stderr)
         return 2
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    started = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
     model.to(device).eval()
     threads = args.threads or _default_threads(model, device)

@@ -158,6 +158,19 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as err:
             return _error(str(err))
 
+    from gmts.eval.backends import check_benchmarks_fit
+
+    try:  # prompt + budget must fit the model's context: checked before loading weights
+        check_benchmarks_fit(
+            model_path,
+            benchmarks,
+            max_new_tokens=args.max_new_tokens,
+            data_dir=args.data_dir,
+            limit=args.limit,
+        )
+    except (OSError, ValueError) as err:
+        return _error(str(err))
+
     name = args.name or _default_name(args.model)
     out = Path(args.out) if args.out else Path(f"eval-{name}.json")
     if args.backend == "vllm":

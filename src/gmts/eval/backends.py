@@ -8,7 +8,8 @@ fake. ``temperature == 0`` means greedy decoding.
   :func:`gmts.train.rollout.generate_rollouts`, the same KV-cached sampler training uses.
 - ``vllm``: vLLM's offline ``LLM.generate`` when the package is installed (import guarded).
 
-Also here: :func:`resolve_model_path`, the model-directory layouts ``gmts eval`` accepts.
+Also here: :func:`resolve_model_path`, the model-directory layouts ``gmts eval`` accepts, and
+:func:`check_benchmarks_fit`, the context guard ``gmts eval`` runs before loading a model.
 """
 
 from __future__ import annotations
@@ -101,6 +102,47 @@ def resolve_model_path(path: str | os.PathLike[str]) -> Path:
 
 
 # ------------------------------------------------------------------------------------------
+# context guard
+
+
+def check_benchmarks_fit(
+    model_path: str | os.PathLike[str],
+    benchmarks: list[str],
+    *,
+    max_new_tokens: int | None,
+    data_dir: str | None = None,
+    limit: int | None = None,
+) -> None:
+    """Check, from the model's config.json and tokenizer only (no weights), that every
+    benchmark's longest formatted prompt + its generation budget fits the model's context.
+
+    Raises:
+        gmts.train.context.ContextError: naming the benchmark, the numbers and the flags.
+    """
+    from transformers import AutoTokenizer
+
+    from gmts.eval.benchmarks import get_spec, load_eval_benchmark
+    from gmts.train.context import check_fits, longest_prompt, read_limit
+
+    path = resolve_model_path(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    context = read_limit(str(path), tokenizer)
+    if context is None:
+        return
+    for name in benchmarks:
+        bench = load_eval_benchmark(name, tokenizer=tokenizer, data_dir=data_dir, limit=limit)
+        budget = max_new_tokens or get_spec(name).max_new_tokens
+        default = "" if max_new_tokens else f" (default: the benchmark's {budget})"
+        check_fits(
+            prompt_tokens=longest_prompt(tokenizer, [item.prompt for item in bench.items]),
+            new_tokens=budget,
+            limit=context,
+            what=f"benchmark {name}",
+            settings=f"--max-new-tokens{default} or --benchmarks",
+        )
+
+
+# ------------------------------------------------------------------------------------------
 # Hugging Face backend
 
 
@@ -155,6 +197,9 @@ class HFBackend:
         self.model.to(self.device).eval()
         self.batch_size = batch_size
         self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
+        from gmts.train.context import context_limit
+
+        self.context = context_limit(self.model.config, self.tokenizer, str(self.model_path))
 
     def generate(
         self,
@@ -166,8 +211,16 @@ class HFBackend:
         seed: int,
     ) -> list[list[str]]:
         from gmts.data.tasks import Problem
+        from gmts.train.context import check_fits, longest_prompt
         from gmts.train.rollout import generate_rollouts
 
+        check_fits(  # a clear error instead of an IndexError deep in the position embedding
+            prompt_tokens=longest_prompt(self.tokenizer, prompts),
+            new_tokens=max_new_tokens,
+            limit=self.context,
+            what="hf backend",
+            settings="max_new_tokens (gmts eval --max-new-tokens)",
+        )
         problems = [Problem(prompt=p, answer="") for p in prompts]
         rollout = generate_rollouts(
             self.model,

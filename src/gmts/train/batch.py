@@ -1,4 +1,9 @@
-"""The typed record of one rollout batch in flight through the trainer.
+"""The typed records of one rollout batch in flight through the trainer.
+
+``TrainBatch`` is what the rollout produced (token ids, masks, rewards, advantages);
+``ScoredBatch`` adds what the update compares against: the rollout policy's per-token
+statistics and, with a KL term, the reference log-probs. Neither is ever modified in place: a
+sub-batch, a copy on another device or a scored batch is a new record.
 
 Rows are grouped: the ``G`` answers of one question are consecutive rows and share a
 ``group_id``. Prompts are left-padded, responses right-padded; ``response_mask`` comes from the
@@ -8,18 +13,20 @@ generated lengths (EOS included), never from token values.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
 from gmts.core.logprobs import TokenStatistics
 from gmts.train.sequences import PromptResponse
 
+_Batch = TypeVar("_Batch", bound="TrainBatch")
 
-@dataclass
+
+@dataclass(frozen=True)
 class TrainBatch(PromptResponse):
-    """One (per-rank) rollout batch with everything the update needs.
+    """One (per-rank) rollout batch.
 
     Attributes:
         prompt_ids: ``(B, P)`` long, left-padded. prompt_mask: ``(B, P)`` bool.
@@ -27,9 +34,6 @@ class TrainBatch(PromptResponse):
         rewards: ``(B,)`` float32 final rewards (overlong penalty included).
         advantages: ``(B,)`` float32 group advantages.
         group_ids: ``(B,)`` long, consecutive rows of a group share one id.
-        old_logprobs, old_entropy: ``(B, T)`` float32 under the rollout policy (no grad).
-        old_logit_grad_norm: ``(B, T)`` or None (only when a score needs it).
-        ref_logprobs: ``(B, T)`` under the frozen reference, or None (no KL).
 
     ``input_ids``, ``attention_mask`` and ``position_ids`` come from
     :class:`gmts.train.sequences.PromptResponse`, as for the rollout it was built from.
@@ -42,10 +46,6 @@ class TrainBatch(PromptResponse):
     rewards: torch.Tensor
     advantages: torch.Tensor
     group_ids: torch.Tensor
-    old_logprobs: torch.Tensor | None = None
-    old_entropy: torch.Tensor | None = None
-    old_logit_grad_norm: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(
@@ -63,33 +63,54 @@ class TrainBatch(PromptResponse):
             group_ids=roll.group_ids + group_offset,
         )
 
-    def old_statistics(self) -> TokenStatistics:
-        """The rollout policy's ``(B, T)`` statistics stored in this batch."""
-        if self.old_logprobs is None or self.old_entropy is None:
-            raise ValueError("old_statistics: old_logprobs/old_entropy are not filled in")
-        return TokenStatistics(self.old_logprobs, self.old_entropy, self.old_logit_grad_norm)
-
-    def set_old_statistics(self, stats: TokenStatistics) -> None:
-        """Store the rollout policy's statistics (``(B, T)`` each) in this batch."""
-        self.old_logprobs, self.old_entropy = stats.logprobs, stats.entropy
-        self.old_logit_grad_norm = stats.logit_grad_norm
-
     @property
     def num_rows(self) -> int:
         return self.response_ids.shape[0]
 
-    def rows(self, index: slice | torch.Tensor) -> TrainBatch:
+    def rows(self: _Batch, index: slice | torch.Tensor) -> _Batch:
         """The sub-batch of rows ``index`` (tensors are views where possible)."""
-        kw = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            kw[f.name] = value[index] if isinstance(value, torch.Tensor) else value
-        return TrainBatch(**kw)
+        return self._map(lambda t: t[index])
 
-    def to(self, device: torch.device | str) -> TrainBatch:
+    def to(self: _Batch, device: torch.device | str) -> _Batch:
         """A copy with every tensor on ``device``."""
+        return self._map(lambda t: t.to(device))
+
+    def scored(self, old: TokenStatistics, ref_logprobs: torch.Tensor | None) -> ScoredBatch:
+        """This batch with the rollout policy's ``(B, T)`` statistics and the reference
+        log-probs (None without a KL term)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainBatch)}
+        return ScoredBatch(
+            **fields,
+            old_logprobs=old.logprobs.detach(),
+            old_entropy=old.entropy,
+            old_logit_grad_norm=old.logit_grad_norm,
+            ref_logprobs=ref_logprobs,
+        )
+
+    def _map(self: _Batch, fn: Any) -> _Batch:
         kw = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            kw[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
-        return TrainBatch(**kw)
+            kw[f.name] = fn(value) if isinstance(value, torch.Tensor) else value
+        return type(self)(**kw)
+
+
+@dataclass(frozen=True)
+class ScoredBatch(TrainBatch):
+    """A :class:`TrainBatch` with what the update compares the current policy against.
+
+    Attributes:
+        old_logprobs, old_entropy: ``(B, T)`` float32 under the rollout policy (no grad).
+        old_logit_grad_norm: ``(B, T)``, or None when no score reads it.
+        ref_logprobs: ``(B, T)`` under the frozen reference, or None (no KL term).
+    """
+
+    old_logprobs: torch.Tensor = field(kw_only=True)
+    old_entropy: torch.Tensor = field(kw_only=True)
+    old_logit_grad_norm: torch.Tensor | None = field(default=None, kw_only=True)
+    ref_logprobs: torch.Tensor | None = field(default=None, kw_only=True)
+
+    @property
+    def old(self) -> TokenStatistics:
+        """The rollout policy's statistics as one record."""
+        return TokenStatistics(self.old_logprobs, self.old_entropy, self.old_logit_grad_norm)

@@ -87,11 +87,13 @@ def save_checkpoint(
     tokenizer: Any,
     trainer_state: dict[str, Any],
     keep: int,
+    weights: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep``.
 
     ``trainer_state`` holds everything but the weights (optimizer, scheduler, RNG, data
-    position, step); it is saved with ``torch.save``.
+    position, step); it is saved with ``torch.save``. ``weights``: the whole state dict when
+    the model itself holds only a shard (FSDP); None reads the model.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")  # [:-0] would keep everything
@@ -101,7 +103,8 @@ def save_checkpoint(
     final = root / f"step_{step:06d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     tmp.mkdir()
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    model.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
+    _restore_architecture(tmp / "model", model)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     torch.save(trainer_state, tmp / "trainer_state.pt")
@@ -113,6 +116,21 @@ def save_checkpoint(
     for _, old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _restore_architecture(folder: Path, model: Any) -> None:
+    """``save_pretrained`` records the model's class name; FSDP2 renames the class to
+    ``FSDP<name>``, which no loader knows. Write the model's own class name back."""
+    import json
+
+    from gmts.train.fsdp import unwrapped_class_name
+
+    name = unwrapped_class_name(model)
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("architectures") != [name]:
+        config["architectures"] = [name]
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,6 +54,65 @@ def sampling_seed(seed: int, step: int, round_: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 7_919 + round_ * 104_729 + rank * 15_485_863) % (2**31 - 1)
 
 
+@dataclass(frozen=True)
+class RolloutStats:
+    """Sums over one step's rollout (this rank's, or every rank's after :meth:`reduced`).
+
+    Attributes:
+        answers: rows in the batch. reward_sum / raw_reward_sum: final rewards (overlong
+        penalty included) / before it. rewarded: answers with raw reward > 0.
+        length_sum: response lengths (EOS included). truncated: answers without EOS.
+        reward_errors: answers whose reward function raised or was not finite (they got 0).
+        generated_groups: groups sampled over all rounds. topped_up_groups: dropped groups
+        put back at the round limit. response_tokens: valid response tokens in the batch.
+    """
+
+    answers: float
+    reward_sum: float
+    raw_reward_sum: float
+    rewarded: float
+    length_sum: float
+    truncated: float
+    reward_errors: float
+    generated_groups: float
+    topped_up_groups: float
+    response_tokens: float
+
+    def reduced(self, info: DistInfo) -> RolloutStats:
+        """The sums over every rank (one all-reduce of the fields in order)."""
+        values = torch.tensor(dataclasses.astuple(self), dtype=torch.float64)
+        return RolloutStats(*all_reduce_sum(values, info).tolist())
+
+
+@dataclass(frozen=True)
+class CollectedBatch:
+    """One step's rollout: this rank's batch, the global sums, and the rounds it took."""
+
+    batch: TrainBatch
+    stats: RolloutStats
+    rounds: int
+
+    def metrics(self, r: RolloutConfig) -> dict[str, float]:
+        """The ``reward/*``, ``response/*`` and ``sampling/*`` rows of ``metrics.jsonl``."""
+        s, n = self.stats, max(self.stats.answers, 1.0)
+        out = {
+            "reward/mean": s.reward_sum / n,
+            "reward/raw_mean": s.raw_reward_sum / n,
+            "reward/accuracy": s.rewarded / n,
+            "reward/errors": s.reward_errors,
+            "response/length_mean": s.length_sum / n,
+            "response/truncated_fraction": s.truncated / n,
+            "response/tokens": s.response_tokens,
+            "sampling/rounds": float(self.rounds),
+        }
+        if r.dynamic_sampling:
+            kept = s.answers / r.group_size - s.topped_up_groups
+            generated = s.generated_groups
+            out["sampling/kept_group_fraction"] = kept / generated if generated else 0.0
+            out["sampling/topped_up_groups"] = s.topped_up_groups
+        return out
+
+
 def collect_batch(
     model: Any,
     tokenizer: Any,
@@ -64,8 +125,8 @@ def collect_batch(
     max_new_tokens: int,
     info: DistInfo,
     device: torch.device,
-) -> tuple[TrainBatch, dict[str, float]]:
-    """This rank's rollout batch for ``step`` and its metrics (global over ranks).
+) -> CollectedBatch:
+    """This rank's rollout batch for ``step`` (on ``device``) and its global sums.
 
     Every rank draws the same ``questions_per_batch`` questions from ``source`` each round and
     generates for its contiguous slice. With dynamic sampling, groups whose rewards are all
@@ -131,37 +192,16 @@ def collect_batch(
     raw = torch.cat([k[2] for k in kept])
     advantages = group_advantages(reward, G, std_normalize=r.std_normalize)
     batch = TrainBatch.from_rollout(roll, reward, advantages, group_offset=info.rank * n_local)
-    lengths = roll.response_lengths.float()
-    sums = torch.tensor(
-        [
-            float(len(reward)),
-            float(reward.sum()),
-            float(raw.sum()),
-            float((raw > 0).sum()),
-            float(lengths.sum()),
-            float((~roll.finished).sum()),
-            float(errors),
-            float(generated),
-            float(topped_up),
-            float(roll.response_mask.sum()),
-        ],
-        dtype=torch.float64,
+    stats = RolloutStats(
+        answers=float(len(reward)),
+        reward_sum=float(reward.sum()),
+        raw_reward_sum=float(raw.sum()),
+        rewarded=float((raw > 0).sum()),
+        length_sum=float(roll.response_lengths.sum()),
+        truncated=float((~roll.finished).sum()),
+        reward_errors=float(errors),
+        generated_groups=float(generated),
+        topped_up_groups=float(topped_up),
+        response_tokens=float(roll.response_mask.sum()),
     )
-    t = all_reduce_sum(sums, info).tolist()
-    n = max(t[0], 1.0)
-    metrics = {
-        "reward/mean": t[1] / n,
-        "reward/raw_mean": t[2] / n,
-        "reward/accuracy": t[3] / n,
-        "reward/errors": t[6],
-        "response/length_mean": t[4] / n,
-        "response/truncated_fraction": t[5] / n,
-        "response/tokens": t[9],
-        "sampling/rounds": float(rounds),
-    }
-    if r.dynamic_sampling:
-        metrics["sampling/kept_group_fraction"] = (
-            (t[0] / G - t[8]) / max(t[7], 1.0) if t[7] else 0.0
-        )
-        metrics["sampling/topped_up_groups"] = t[8]
-    return batch.to(device), metrics
+    return CollectedBatch(batch.to(device), stats.reduced(info), rounds)

@@ -22,6 +22,8 @@ from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig
 
 ALGORITHMS = ("grpo", "dapo")
+DATASET_MAX_NEW_TOKENS = 1024
+"""Generation budget of dataset training when rollout.max_response_length is null."""
 
 
 def _f(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:  # noqa: A002
@@ -45,7 +47,9 @@ class ModelConfig:
         "'embedded' for the built-in tiny model warm-started on data.task (cached).",
     )
     dtype: Literal["float32", "bfloat16"] = _f(
-        "float32", "Parameter dtype. Log-probs and entropies are always computed in float32."
+        "float32",
+        "Compute dtype. bfloat16: bf16 forward/backward over float32 master weights, gradients "
+        "and AdamW state (mixed precision). Log-probs and entropies are always float32.",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
     device: str = _f("auto", "'auto' (cuda:<local rank> when available, else cpu), 'cpu', 'cuda'.")
@@ -146,7 +150,9 @@ class RolloutConfig:
         "data/skipped_too_long).",
     )
     max_response_length: int | None = _f(
-        None, "Max new tokens per answer (null: the task's own limit; 1024 for datasets)."
+        None,
+        f"Max new tokens per answer (null: the task's own limit; {DATASET_MAX_NEW_TOKENS} for "
+        "datasets). Prompt + this must fit the model's context (checked at start).",
     )
     generation_batch_size: int | None = _f(
         None, "Sequences generated at once (null: the whole batch)."
@@ -243,6 +249,30 @@ class CheckpointConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: str = _f(
+        "replicate",
+        "How the policy is spread over the torchrun processes: replicate (whole model, "
+        "gradients and AdamW state on every rank, one gradient all-reduce per step) or fsdp "
+        "(FSDP2: weights, gradients and AdamW state sharded over the ranks).",
+    )
+    check_memory: bool = _f(
+        True,
+        "On CUDA, refuse to start when the memory plan (printed at start) exceeds the GPU's "
+        "memory; false starts anyway.",
+    )
+
+    def __post_init__(self) -> None:
+        from gmts.train.strategy import available_strategies
+
+        _check(
+            self.strategy in available_strategies(),
+            "distributed.strategy",
+            f"expected one of {available_strategies()}, got {self.strategy!r}",
+        )
+
+
+@dataclass
 class LoggingConfig:
     output_dir: str = _f("runs/gmts", "Run directory: metrics.jsonl, config.yaml, checkpoints/.")
     report_to: Literal["none", "tensorboard", "wandb"] = _f(
@@ -290,6 +320,9 @@ class TrainConfig:
         default_factory=SelectionConfig,
     )
     optim: OptimConfig = _f(help="Optimizer and batching.", default_factory=OptimConfig)
+    distributed: DistributedConfig = _f(
+        help="Layout over processes.", default_factory=DistributedConfig
+    )
     checkpoint: CheckpointConfig = _f(help="Checkpoints.", default_factory=CheckpointConfig)
     logging: LoggingConfig = _f(help="Logging.", default_factory=LoggingConfig)
 

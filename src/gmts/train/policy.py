@@ -33,28 +33,55 @@ def resolve_model_path(cfg: TrainConfig, progress: bool = False) -> str:
     raise ValueError(f"model.path: {path} does not exist")
 
 
-def load_policy(path: str, cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
-    """(model, tokenizer) from a local directory or hub id, on ``device``, dropout off."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(path: str, cfg: TrainConfig) -> Any:
+    """The tokenizer of ``path`` with a pad token (eos when it has none)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except OSError as exc:
+        raise ValueError(f"model.path: cannot load {path!r}: {_first_line(exc)}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, cfg: TrainConfig, dtype: torch.dtype) -> Any:
+    """The causal LM of ``path`` on the CPU in ``dtype``, dropout off, in training mode
+    (the strategy moves or shards it; :mod:`gmts.train.strategy`).
+
+    The policy is loaded in float32 (its master weights) whatever ``model.dtype`` says; the
+    frozen reference model in the compute dtype.
+    """
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own bar is the only one
-
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    kw = {"trust_remote_code": cfg.model.trust_remote_code}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kw)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw).to(device)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code
+        )
     except OSError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"model.path: cannot load {path!r}: {first}") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        raise ValueError(f"model.path: cannot load {path!r}: {_first_line(exc)}") from None
     for module in model.modules():  # RL ratios need the same function in every pass
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # non-reentrant: the variant that works under FSDP2 and autocast
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     model.train()
-    return model, tokenizer
+    return model
+
+
+def load_policy(path: str, cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
+    """(model, tokenizer) of ``path`` on ``device`` with float32 weights, dropout off: the
+    one-process policy without a strategy (tests, analyses)."""
+    return load_model(path, cfg, torch.float32).to(device), load_tokenizer(path, cfg)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -76,7 +76,7 @@ class DatasetSource:
     """Questions of a dataset file, rendered with a prompt template, in seeded shuffled passes.
 
     Prompts longer than ``max_prompt_tokens`` are dropped once at load time
-    (``skipped_too_long`` counts them).
+    (``skipped_too_long`` counts them; ``longest_prompt`` is the longest kept, in tokens).
     """
 
     def __init__(
@@ -102,9 +102,11 @@ class DatasetSource:
             )
             for question, answer in examples
         ]
-        lengths = [len(ids) for ids in tokenizer([p.prompt for p in problems])["input_ids"]]
+        encoded = tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
+        lengths = [len(ids) for ids in encoded]  # as the sampler encodes them
         self.problems = [p for p, n in zip(problems, lengths) if n <= max_prompt_tokens]
         self.skipped_too_long = len(problems) - len(self.problems)
+        self.longest_prompt = max((n for n in lengths if n <= max_prompt_tokens), default=0)
         if not self.problems:
             raise ValueError(
                 f"data.dataset: every prompt is longer than rollout.max_prompt_length "

@@ -1,14 +1,15 @@
 """The standalone RLVR trainer: GRPO / DAPO with token selection (none, ETS, GMTS, ...).
 
-One training step (``Trainer.train_step``):
+One training step is ``Trainer.train_step``, readable top to bottom:
 
-    rollout (G samples per question, temperature, KV cache, batched)
-      -> rewards (a raising reward fn gives 0 and is counted) [+ DAPO overlong punishment]
-      -> DAPO dynamic sampling: drop all-equal groups, sample more rounds, top up at the limit
-      -> group advantages
-      -> old log-probs and entropies (no grad, micro-batched); reference log-probs if KL
-      -> for each epoch, for each mini-batch: update_minibatch (score with the current policy,
-         one global selection, one global denominator, micro-batched backward, one step)
+    1. rollout (collect.py): G samples per question, rewards (a raising reward fn gives 0 and
+       is counted) [+ DAPO overlong punishment], DAPO dynamic sampling, group advantages
+    2. reference log-probs if KL (scoring.py, no grad)
+    3. the rollout policy's log-probs and entropies (no grad, micro-batched)
+    4. for each epoch, for each mini-batch: scores of the current policy, ONE global
+       selection (update.select_minibatch), then update.update_minibatch: one global divisor,
+       micro-batched backward, one optimizer step
+    (3 and 4 fuse into update.update_in_one_pass for one update on one micro-batch)
 
 Departures from the paper and why (see docs/training.md for the full list):
 - mini-batches are taken in order (no shuffling) so that groups stay whole and runs are
@@ -22,18 +23,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from gmts.core.logprobs import TokenStatistics
+from gmts.core.loss import LossConfig
 from gmts.train import checkpoint as ckpt
-from gmts.train.batch import TrainBatch
-from gmts.train.collect import collect_batch
-from gmts.train.config import TrainConfig, config_to_dict, dump_yaml
+from gmts.train.batch import ScoredBatch
+from gmts.train.collect import CollectedBatch, collect_batch
+from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, config_to_dict, dump_yaml
+from gmts.train.context import check_fits, context_limit, longest_prompt
 from gmts.train.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -41,8 +47,17 @@ from gmts.train.distributed import (
     init_distributed,
     resolve_device,
 )
+from gmts.train.memory_plan import (
+    GIB,
+    MemoryPlan,
+    PlanSettings,
+    check_fits_device,
+    plan_memory,
+)
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
-from gmts.train.policy import load_policy, resolve_model_path
+from gmts.train.policy import load_model, load_tokenizer, resolve_model_path
+from gmts.train.precision import Precision
+from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.sources import (
     DatasetSource,
     QuestionSource,
@@ -51,10 +66,14 @@ from gmts.train.sources import (
     dataset_reward,
     load_examples,
 )
+from gmts.train.strategy import make_strategy
 from gmts.train.update import (
-    UpdateSettings,
-    batched_statistics,
-    needs_logit_grad_norm,
+    Overlap,
+    UpdateResult,
+    select_minibatch,
+    selection_overlap,
+    update_in_one_pass,
+    update_metrics,
     update_minibatch,
 )
 
@@ -128,7 +147,7 @@ class Trainer:
                 question_field=cfg.data.question_field,
                 answer_field=cfg.data.answer_field,
             )
-            self.max_new_tokens = r.max_response_length or 1024
+            self.max_new_tokens = r.max_response_length or DATASET_MAX_NEW_TOKENS
 
         # The model: rank 0 builds/caches the embedded warm start first, then the others.
         if self.info.is_main:
@@ -138,12 +157,7 @@ class Trainer:
             base_path = resolve_model_path(cfg)
         self.resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
         load_path = str(self.resume_from / "model") if self.resume_from else base_path
-        self.model, self.tokenizer = load_policy(load_path, cfg, self.device)
-        self.ref_model = None
-        if cfg.objective.kl_coef > 0:  # the reference is always the starting policy
-            self.ref_model, _ = load_policy(base_path, cfg, self.device)
-            self.ref_model.eval().requires_grad_(False)
-
+        self.tokenizer = load_tokenizer(load_path, cfg)
         if examples is not None:  # prompts are rendered with the model's tokenizer
             self.source = DatasetSource(
                 examples,
@@ -154,12 +168,33 @@ class Trainer:
                 seed=cfg.seed,
             )
 
+        # Before any weight is read: does the longest prompt + the budget fit the model, and
+        # does the run fit the device?
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(
+            load_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+        self.prompt_tokens = self._check_context(model_config, load_path)
+        self.memory_plan = self._plan_memory(model_config, show)
+
+        self.precision = Precision.from_name(cfg.model.dtype)
+        self.strategy = make_strategy(
+            cfg.distributed.strategy, self.info, self.precision, self.device
+        )
+        # master weights in float32 whatever model.dtype says (precision.py)
+        self.model = self.strategy.prepare_policy(load_model(load_path, cfg, torch.float32))
+        self.ref_model = None
+        if cfg.objective.kl_coef > 0:  # the reference is always the starting policy
+            ref = load_model(base_path, cfg, self.precision.compute).requires_grad_(False)
+            self.ref_model = self.strategy.prepare_reference(ref.eval())
+
         # Optimisation.
         self.minibatches = r.questions_per_batch // cfg.mini_batch_questions
         self.total_opt_steps = cfg.optim.steps * self.minibatches * cfg.optim.epochs
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            params,
+            params,  # float32 master weights: the AdamW state is float32 too
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             eps=cfg.optim.eps,
@@ -168,20 +203,32 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg, self.total_opt_steps)
         )
-        self.settings = UpdateSettings(
-            objective=cfg.objective,
-            selection=cfg.selection,
-            micro_batch_size=cfg.optim.micro_batch_size,
+        self.scorer = TokenScorer(  # every forward of the step goes through it
             temperature=r.temperature,
             chunk_size=cfg.model.logits_chunk_size,
-            grad_clip=cfg.optim.grad_clip,
-            overlap_metrics=cfg.logging.overlap_metrics,
+            autocast=self.strategy.autocast,
+        )
+        self.loss = LossConfig.of(cfg.objective, cfg.selection)
+        self.rows_per_minibatch = cfg.mini_batch_questions // world * r.group_size
+        rows_per_rank = r.questions_per_batch // world * r.group_size
+        # One update per rollout on one micro-batch: the loss's own forward can give the old
+        # log-probs (update_in_one_pass) instead of a separate no-grad pass.
+        self.single_pass = (
+            self.minibatches == 1
+            and cfg.optim.epochs == 1
+            and rows_per_rank <= cfg.optim.micro_batch_size
         )
         self.step = 0
         self.skipped_total = 0
         if self.resume_from is not None:
             state = ckpt.load_trainer_state(self.resume_from)
-            self.optimizer.load_state_dict(state["optimizer"])
+            saved = state.get("strategy", "replicate")
+            if saved != cfg.distributed.strategy:
+                raise ValueError(
+                    f"--resume: {self.resume_from} was written with distributed.strategy="
+                    f"{saved}; resume it with the same strategy"
+                )
+            self.strategy.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.source.load_state_dict(state["source"])
             ckpt.restore_rng_state(state["rng"])
@@ -202,90 +249,228 @@ class Trainer:
             truncate_metrics(self.run_dir, last, EVAL_FILE)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
-    def collect(self, step: int) -> tuple[TrainBatch, dict[str, float]]:
-        """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
-        return collect_batch(
-            self.model,
-            self.tokenizer,
-            self.source,
-            self.reward_fn,
-            self.cfg.rollout,
-            seed=self.cfg.seed,
-            step=step,
-            max_new_tokens=self.max_new_tokens,
-            info=self.info,
-            device=self.device,
+    def _check_context(self, model_config: Any, path: str) -> int:
+        """The longest prompt in tokens, after checking that it plus the generation budget fits
+        the model's positions (:mod:`gmts.train.context`); raises ContextError otherwise."""
+        cfg = self.cfg
+        limit = context_limit(model_config, self.tokenizer, where=path)
+        if isinstance(self.source, DatasetSource):
+            src = self.source
+            longest = src.longest_prompt
+            kept = len(src.problems)
+            what = (
+                f"data.dataset {cfg.data.dataset} ({kept} prompts kept; "
+                f"{src.skipped_too_long} longer than rollout.max_prompt_length="
+                f"{cfg.rollout.max_prompt_length} dropped at load)"
+            )
+            settings = "rollout.max_prompt_length (longer prompts are dropped) or " + (
+                "rollout.max_response_length"
+                if cfg.rollout.max_response_length
+                else f"rollout.max_response_length (null: {DATASET_MAX_NEW_TOKENS} for datasets)"
+            )
+            if self.info.is_main and src.skipped_too_long:
+                print(
+                    f"data: dropped {src.skipped_too_long} of {kept + src.skipped_too_long} "
+                    f"prompts longer than rollout.max_prompt_length="
+                    f"{cfg.rollout.max_prompt_length} tokens",
+                    file=sys.stderr,
+                )
+        else:
+            assert self.task is not None
+            prompts = [p.prompt for p in self.task.held_out(64)]
+            prompts += [p.prompt for p in self.task.sample(64, random.Random(0))]
+            longest = longest_prompt(self.tokenizer, prompts)
+            what = f"data.task {cfg.data.task}"
+            settings = "rollout.max_response_length"
+        check_fits(
+            prompt_tokens=longest,
+            new_tokens=self.max_new_tokens,
+            limit=limit,
+            what=what,
+            settings=settings,
         )
+        return longest
+
+    def _plan_memory(self, model_config: Any, show: bool) -> MemoryPlan | None:
+        """The per-rank memory plan (printed by rank 0); on CUDA, refuse a run that does not
+        fit (``distributed.check_memory``)."""
+        settings = PlanSettings.from_config(
+            self.cfg,
+            world_size=self.info.world_size,
+            prompt_length=self.prompt_tokens,
+            response_length=self.max_new_tokens,
+        )
+        try:
+            plan = plan_memory(model_config, settings)
+        except Exception as exc:  # an architecture the probe cannot build: say so, go on
+            if self.info.is_main:
+                print(f"memory plan unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return None
+        if self.info.is_main:  # the whole table for real models, one line for tiny ones
+            print(plan.table() if plan.peak >= GIB else plan.summary(), file=sys.stderr)
+        if self.device.type == "cuda" and self.cfg.distributed.check_memory:
+            props = torch.cuda.get_device_properties(self.device)
+            check_fits_device(plan, props.total_memory, f"{self.device} ({props.name})")
+        return plan
+
+    def collect(self, step: int) -> CollectedBatch:
+        """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
+        with self.strategy.sampling(self.model):
+            return collect_batch(
+                self.model,
+                self.tokenizer,
+                self.source,
+                self.reward_fn,
+                self.cfg.rollout,
+                seed=self.cfg.seed,
+                step=step,
+                max_new_tokens=self.max_new_tokens,
+                info=self.info,
+                device=self.device,
+            )
 
     # ------------------------------------------------------------------ one step
 
     def train_step(self, step: int) -> dict[str, float]:
-        cfg = self.cfg
+        """One step of GRPO / DAPO with token selection, in order; returns its metrics row."""
+        cfg, micro = self.cfg, self.cfg.optim.micro_batch_size
         t0 = time.perf_counter()
-        batch, metrics = self.collect(step)
+        # 1. Rollout: G answers per question, rewards, DAPO dynamic sampling, advantages.
+        collected = self.collect(step)
         t_rollout = time.perf_counter() - t0
-        micro = cfg.optim.micro_batch_size
-        temp, chunk = cfg.rollout.temperature, cfg.model.logits_chunk_size
+        rollout = collected.batch
+        # 2. Reference log-probs (KL only): the frozen starting policy, no grad.
+        ref = None
         if self.ref_model is not None:
-            batch.ref_logprobs = batched_statistics(
-                self.ref_model, batch, micro_batch_size=micro, temperature=temp, chunk_size=chunk
-            ).logprobs
-        # One update on one micro-batch: the loss's own forward pass gives the old log-probs
-        # (update_minibatch's single-pass mode). Otherwise a no-grad pass, micro-batched.
-        single_pass = self.minibatches == 1 and cfg.optim.epochs == 1 and batch.num_rows <= micro
-        if not single_pass:
-            old = batched_statistics(
+            ref = self.scorer.no_grad(self.ref_model, rollout, micro_batch_size=micro).logprobs
+        opt_step = step * self.minibatches * cfg.optim.epochs  # seeds the random score
+        updates: list[UpdateResult] = []
+        overlaps: list[Overlap] = []
+        if self.single_pass:
+            # 3-4 in one forward: the policy is the rollout policy, one micro-batch.
+            result, batch, selected = update_in_one_pass(
                 self.model,
-                batch,
+                self.optimizer,
+                rollout,
+                ref,
+                scorer=self.scorer,
+                selection=cfg.selection,
+                loss=self.loss,
+                grad_clip=cfg.optim.grad_clip,
+                strategy=self.strategy,
+                step=opt_step,
+            )
+            updates.append(result)
+            self._advance_schedule()
+            overlaps += self._overlap(batch, batch.old, selected, opt_step)
+        else:
+            # 3. The rollout policy's log-probs and entropies, no grad, micro-batched.
+            old = self.scorer.no_grad(
+                self.model,
+                rollout,
                 micro_batch_size=micro,
-                temperature=temp,
-                chunk_size=chunk,
                 logit_grad_norm=needs_logit_grad_norm(cfg.selection),
             )
-            batch.set_old_statistics(old)
+            batch = rollout.scored(old, ref)
+            # 4. For each epoch, for each mini-batch (consecutive rows, groups whole):
+            for epoch in range(cfg.optim.epochs):
+                for i in range(self.minibatches):
+                    rows = slice(i * self.rows_per_minibatch, (i + 1) * self.rows_per_minibatch)
+                    minibatch = batch.rows(rows)
+                    selected = None
+                    if cfg.selection.enabled:
+                        # scores of the CURRENT policy: the rollout's until a step changes it
+                        current = minibatch.old
+                        if (epoch, i) != (0, 0):
+                            current = self.scorer.no_grad(
+                                self.model,
+                                minibatch,
+                                micro_batch_size=micro,
+                                logit_grad_norm=needs_logit_grad_norm(cfg.selection),
+                            )
+                        # ONE selection over the whole mini-batch, global across ranks
+                        selected = select_minibatch(
+                            minibatch,
+                            current,
+                            cfg.selection,
+                            cfg.objective,
+                            micro_batch_size=micro,
+                            info=self.info,
+                            step=opt_step,
+                        )
+                        overlaps += self._overlap(minibatch, current, selected, opt_step)
+                    # one global divisor, micro-batched backward, one optimizer step
+                    updates.append(
+                        update_minibatch(
+                            self.model,
+                            self.optimizer,
+                            minibatch,
+                            selected,
+                            scorer=self.scorer,
+                            loss=self.loss,
+                            micro_batch_size=micro,
+                            grad_clip=cfg.optim.grad_clip,
+                            strategy=self.strategy,
+                        )
+                    )
+                    self._advance_schedule()
+                    opt_step += 1
+        step_time = time.perf_counter() - t0
+        return self._metrics(collected, batch, updates, overlaps, t_rollout, step_time)
 
-        rows_per_mb = cfg.mini_batch_questions // self.info.world_size * cfg.rollout.group_size
-        opt_step = step * self.minibatches * cfg.optim.epochs
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for epoch in range(cfg.optim.epochs):
-            for i in range(self.minibatches):
-                rows = slice(i * rows_per_mb, (i + 1) * rows_per_mb)
-                minibatch = batch if single_pass else batch.rows(rows)
-                current = None
-                if not single_pass and epoch == 0 and i == 0:  # policy unchanged since rollout
-                    current = minibatch.old_statistics()
-                m, _ = update_minibatch(
-                    self.model,
-                    self.optimizer,
-                    minibatch,
-                    self.settings,
-                    info=self.info,
-                    step=opt_step,
-                    current=current,
-                )
-                with warnings.catch_warnings():  # a skipped (non-finite) step still advances
-                    warnings.simplefilter("ignore", UserWarning)
-                    self.scheduler.step()
-                opt_step += 1
-                for k, v in m.items():
-                    if k == "update/skipped_nonfinite" or math.isfinite(v):
-                        sums[k] = sums.get(k, 0.0) + v
-                        counts[k] = counts.get(k, 0) + 1
-        mask = batch.response_mask  # old_entropy is filled in by now (single-pass mode too)
-        ent = all_reduce_sum(
+    def _overlap(
+        self,
+        batch: ScoredBatch,
+        current: TokenStatistics,
+        selected: torch.Tensor | None,
+        opt_step: int,
+    ) -> list[Overlap]:
+        """``[Overlap]`` of the selection with its GMTS/ETS partner when logged, else []."""
+        if selected is None or not self.cfg.logging.overlap_metrics:
+            return []
+        overlap = selection_overlap(
+            batch,
+            current,
+            selected,
+            self.cfg.selection,
+            self.cfg.objective,
+            micro_batch_size=self.cfg.optim.micro_batch_size,
+            info=self.info,
+            step=opt_step,
+        )
+        return [] if overlap is None else [overlap]
+
+    def _advance_schedule(self) -> None:
+        with warnings.catch_warnings():  # a skipped (non-finite) step still advances
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+
+    def _metrics(
+        self,
+        collected: CollectedBatch,
+        batch: ScoredBatch,
+        updates: list[UpdateResult],
+        overlaps: list[Overlap],
+        t_rollout: float,
+        step_time: float,
+    ) -> dict[str, float]:
+        """The step's ``metrics.jsonl`` row from its records."""
+        metrics = collected.metrics(self.cfg.rollout)
+        mask = batch.response_mask
+        entropy = all_reduce_sum(
             torch.stack([(batch.old_entropy.double() * mask).sum(), mask.sum().double()]),
             self.info,
         )
-        metrics["policy/entropy"] = (ent[0] / ent[1].clamp_min(1)).item()
-        for k, v in sums.items():
-            metrics[k] = v if k == "update/skipped_nonfinite" else v / counts[k]
-        self.skipped_total += int(sums.get("update/skipped_nonfinite", 0))
+        metrics["policy/entropy"] = (entropy[0] / entropy[1].clamp_min(1)).item()
+        metrics.update(update_metrics(updates))
+        if overlaps:
+            total = sum(overlaps[1:], overlaps[0])
+            metrics["select/gmts_ets_jaccard"] = total.both / max(total.either, 1.0)
+        self.skipped_total += int(metrics["update/skipped_nonfinite"])
         metrics["update/skipped_total"] = float(self.skipped_total)
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         if isinstance(self.source, DatasetSource):
             metrics["data/skipped_too_long"] = float(self.source.skipped_too_long)
-        step_time = time.perf_counter() - t0
         metrics["time/rollout_s"] = t_rollout
         metrics["time/update_s"] = step_time - t_rollout
         metrics["time/step_s"] = step_time
@@ -300,26 +485,31 @@ class Trainer:
         if self.task is None or d.eval_questions == 0:
             return None
         result = None
-        if self.info.is_main:
-            from gmts.train.evaluation import evaluate_policy
+        with self.strategy.sampling(self.model):  # every rank enters; rank 0 samples
+            if self.info.is_main:
+                from gmts.train.evaluation import evaluate_policy
 
-            result = evaluate_policy(
-                self.model,
-                self.tokenizer,
-                self.task,
-                n_questions=d.eval_questions,
-                k=d.eval_samples,
-                seed=self.cfg.seed,
-                batch_size=self.cfg.rollout.generation_batch_size,
-            )
-        barrier(self.info)
+                result = evaluate_policy(
+                    self.model,
+                    self.tokenizer,
+                    self.task,
+                    n_questions=d.eval_questions,
+                    k=d.eval_samples,
+                    seed=self.cfg.seed,
+                    batch_size=self.cfg.rollout.generation_batch_size,
+                )
+        barrier(self.info)  # the other ranks wait for rank 0's evaluation
         return result
 
     def save(self) -> None:
+        # collective under fsdp (whole state dicts gathered on rank 0)
+        weights = self.strategy.full_weights(self.model)
+        optimizer_state = self.strategy.optimizer_state(self.model, self.optimizer)
         if self.info.is_main:
             state = {
                 "step": self.step,
-                "optimizer": self.optimizer.state_dict(),
+                "strategy": self.cfg.distributed.strategy,
+                "optimizer": optimizer_state,
                 "scheduler": self.scheduler.state_dict(),
                 "source": self.source.state_dict(),
                 "rng": ckpt.capture_rng_state(),
@@ -330,6 +520,7 @@ class Trainer:
                 self.run_dir,
                 self.step,
                 model=self.model,
+                weights=weights,
                 tokenizer=self.tokenizer,
                 trainer_state=state,
                 keep=self.cfg.checkpoint.keep,

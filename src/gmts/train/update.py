@@ -1,154 +1,108 @@
-"""One optimizer step on one mini-batch: score, select once, micro-batched backward, step.
+"""One mini-batch update: select the tokens once, then one optimizer step over micro-batches.
 
-The order matters for exactness:
+The order matters for exactness, and :meth:`gmts.train.trainer.Trainer.train_step` shows it:
 
-1. the scores come from the CURRENT policy (the rollout-time statistics are passed in while the
-   policy has not changed since the rollout; otherwise one no-grad pass computes them);
-2. ONE selection over the whole mini-batch (global across ranks with a process group);
-3. the loss denominator is computed once for the whole mini-batch (global across ranks), so
-   the micro-batch losses add up to the mini-batch loss and accumulation is exact;
-4. gradients are summed over ranks, checked for finiteness, clipped, and applied once.
+1. the scores come from the CURRENT policy (the rollout policy's statistics while the policy
+   has not changed since the rollout; otherwise one no-grad pass);
+2. :func:`select_minibatch`: ONE selection over the whole mini-batch, global across ranks
+   (per micro-batch when ``selection.unit == "micro-batch"``, as TRL);
+3. :func:`update_minibatch`: the loss divisors once for the whole mini-batch, global across
+   ranks (``LossConfig.denominators``), so micro-batch losses add up to the mini-batch loss
+   and accumulation is exact; gradients summed over ranks, checked for finiteness, clipped and
+   applied once.
+
+:func:`update_in_one_pass` is the same update when the policy IS the rollout policy and the
+batch is one micro-batch (one update per rollout): the loss's own forward gives the old
+log-probs, so no separate scoring pass runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from gmts.core.config import SelectionConfig
-from gmts.core.logprobs import TokenStatistics, token_statistics
+from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig, TokenSums, policy_loss
-from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
-from gmts.core.scores import ScoreInputs, compute_scores, score_requirements
-from gmts.core.selection import select_tokens
+from gmts.core.objectives import ObjectiveConfig
 from gmts.core.step import select_for_update
-from gmts.train.batch import TrainBatch
-from gmts.train.distributed import DistInfo, all_reduce_gradients, all_reduce_sum
-from gmts.train.sequences import position_ids_from_mask
+from gmts.train.batch import ScoredBatch, TrainBatch
+from gmts.train.distributed import DistInfo, all_reduce_sum
+from gmts.train.scoring import TokenScorer, micro_slices, needs_logit_grad_norm
+from gmts.train.strategy import Strategy
+
+OVERLAP_PARTNER = {"gmts": "entropy", "entropy": "gmts"}
+"""The selection compared with for ``select/gmts_ets_jaccard``: GMTS with ETS and back."""
 
 
 @dataclass(frozen=True)
-class UpdateSettings:
-    """What :func:`update_minibatch` needs besides the model and the data."""
+class UpdateResult:
+    """What one mini-batch update did (global over ranks).
 
-    objective: ObjectiveConfig
-    selection: SelectionConfig
-    micro_batch_size: int
-    temperature: float = 1.0
-    chunk_size: int | None = None
-    grad_clip: float | None = 1.0
-    overlap_metrics: bool = True
-
-
-def needs_logit_grad_norm(selection: SelectionConfig) -> bool:
-    """Whether the configured score reads the per-token logit-gradient norm."""
-    return "logit_grad_norm" in score_requirements(selection.score)
-
-
-def micro_slices(num_rows: int, size: int) -> Iterator[slice]:
-    """Consecutive row slices of at most ``size`` rows covering ``range(num_rows)``."""
-    for start in range(0, num_rows, size):
-        yield slice(start, min(start + size, num_rows))
-
-
-def policy_statistics(
-    model: torch.nn.Module,
-    batch: TrainBatch,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int | None = None,
-    logit_grad_norm: bool = False,
-) -> TokenStatistics:
-    """Per-token log-probs / entropies of ``batch.response_ids`` under ``model``: ``(B, T)``.
-
-    Only the logits of the response positions are materialised (``logits_to_keep``).
-    Position ids follow the attention mask, so left padding does not shift positions.
+    Attributes:
+        loss: the mini-batch loss (nan when the step was skipped).
+        grad_norm: the global gradient norm before clipping.
+        applied: False when the loss or a gradient was not finite: the step was skipped and
+            the weights are untouched.
+        sums: the loss's :class:`gmts.core.loss.TokenSums`, summed over micro-batches and
+            ranks (counts, clipping, entropy, KL, positive advantages).
     """
-    input_ids = batch.input_ids  # (B, P + T)
-    attention_mask = batch.attention_mask  # (B, P + T)
-    position_ids = position_ids_from_mask(attention_mask)  # (B, P + T), as at sampling time
-    T = batch.response_ids.shape[1]
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=T + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1]  # (B, T, V): position P-1+t predicts response token t
-    return token_statistics(
-        logits,
-        batch.response_ids,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        logit_grad_norm=logit_grad_norm,
-    )
+
+    loss: float
+    grad_norm: float
+    applied: bool
+    sums: TokenSums
 
 
-@torch.no_grad()
-def batched_statistics(
-    model: torch.nn.Module,
-    batch: TrainBatch,
+@dataclass(frozen=True)
+class Overlap:
+    """Tokens in both / either of the run's selection and its partner's (global counts)."""
+
+    both: float
+    either: float
+
+    def __add__(self, other: Overlap) -> Overlap:
+        return Overlap(self.both + other.both, self.either + other.either)
+
+
+def select_minibatch(
+    batch: ScoredBatch,
+    current: TokenStatistics,
+    selection: SelectionConfig,
+    objective: ObjectiveConfig,
     *,
     micro_batch_size: int,
-    temperature: float = 1.0,
-    chunk_size: int | None = None,
-    logit_grad_norm: bool = False,
-) -> TokenStatistics:
-    """:func:`policy_statistics` without gradients, micro-batched, concatenated: ``(B, T)``."""
-    parts = [
-        policy_statistics(
-            model,
-            batch.rows(s),
-            temperature=temperature,
-            chunk_size=chunk_size,
-            logit_grad_norm=logit_grad_norm,
-        )
-        for s in micro_slices(batch.num_rows, micro_batch_size)
-    ]
-    lgn = torch.cat([p.logit_grad_norm for p in parts]) if logit_grad_norm else None
-    return TokenStatistics(
-        logprobs=torch.cat([p.logprobs for p in parts]),
-        entropy=torch.cat([p.entropy for p in parts]),
-        logit_grad_norm=lgn,
-    )
-
-
-def _select(
-    settings: UpdateSettings,
-    batch: TrainBatch,
-    current: TokenStatistics | None,
     info: DistInfo,
     step: int,
 ) -> torch.Tensor | None:
-    """The ``(B, T)`` selection of the mini-batch (global over ranks); None for 'none'.
+    """The ``(B, T)`` bool selection of this rank's rows of the mini-batch (global over ranks),
+    scored with the current policy's ``current`` statistics; None for score 'none'.
 
     With ``selection.unit == "micro-batch"`` each micro-batch (the i-th of every rank together)
-    is selected on its own, as TRL does; otherwise the whole mini-batch at once (the paper).
+    is selected on its own; otherwise the whole mini-batch at once (the paper).
     """
-    sel = settings.selection
-    if not sel.enabled:
+    if not selection.enabled:
         return None
-    assert current is not None
-    size = settings.micro_batch_size if sel.unit == "micro-batch" else batch.num_rows
+    size = micro_batch_size if selection.unit == "micro-batch" else batch.num_rows
     parts = []
     for s in micro_slices(batch.num_rows, size):
+        rows = batch.rows(s)
         result = select_for_update(
-            sel,
-            settings.objective,
+            selection,
+            objective,
             logprobs=current.logprobs[s],
-            old_logprobs=batch.old_logprobs[s],
-            advantages=batch.advantages[s],
-            response_mask=batch.response_mask[s],
+            old_logprobs=rows.old_logprobs,
+            advantages=rows.advantages,
+            response_mask=rows.response_mask,
             entropy=current.entropy[s],
-            ref_logprobs=None if batch.ref_logprobs is None else batch.ref_logprobs[s],
+            ref_logprobs=rows.ref_logprobs,
             logit_grad_norm=(
                 None if current.logit_grad_norm is None else current.logit_grad_norm[s]
             ),
-            group_ids=batch.group_ids[s],
+            group_ids=rows.group_ids,
             process_group=info.group,
             step=step,
         )
@@ -156,175 +110,195 @@ def _select(
     return torch.cat(parts)
 
 
-def selection_metrics(
-    settings: UpdateSettings,
-    batch: TrainBatch,
+def selection_overlap(
+    batch: ScoredBatch,
     current: TokenStatistics,
-    selected: torch.Tensor | None,
+    selected: torch.Tensor,
+    selection: SelectionConfig,
+    objective: ObjectiveConfig,
+    *,
+    micro_batch_size: int,
     info: DistInfo,
-) -> dict[str, float]:
-    """Global statistics of the selection: fraction, entropies, positive-advantage share, and
-    the Jaccard overlap of the GMTS and ETS selections at the configured ratio."""
-    mask = batch.response_mask
-    chosen = mask if selected is None else (selected & mask)
-    entropy = current.entropy.double()
-    positive = (batch.advantages > 0)[:, None] & chosen
-    sums = [
-        mask.sum(),
-        chosen.sum(),
-        (entropy * mask).sum(),
-        (entropy * chosen).sum(),
-        positive.sum(),
-    ]
-    overlap = settings.overlap_metrics
-    if overlap:
-        omega = gradient_coefficient(
-            current.logprobs,
-            batch.old_logprobs,
-            batch.advantages,
-            ref_logprobs=batch.ref_logprobs,
-            **settings.objective.omega_kwargs(),
-        )
-        inputs = ScoreInputs(entropy=current.entropy, omega=omega, mask=mask)
-        masks = []
-        for name in ("gmts", "entropy"):
-            masks.append(
-                select_tokens(
-                    compute_scores(name, inputs),
-                    mask,
-                    settings.selection.ratio,
-                    largest=settings.selection.largest,
-                    scope=settings.selection.scope,
-                    group_ids=batch.group_ids,
-                    process_group=info.group,
-                    count=settings.selection.count,
-                )
-            )
-        sums += [(masks[0] & masks[1]).sum(), (masks[0] | masks[1]).sum()]
-    totals = all_reduce_sum(torch.stack([s.double() for s in sums]), info).tolist()
-    n_all, n_sel = max(totals[0], 1.0), max(totals[1], 1.0)
-    out = {
-        "select/fraction": totals[1] / n_all,
-        "select/entropy_all": totals[2] / n_all,
-        "select/entropy_selected": totals[3] / n_sel,
-        "select/positive_adv_fraction": totals[4] / n_sel,
-    }
-    if overlap:
-        out["select/gmts_ets_jaccard"] = totals[5] / max(totals[6], 1.0)
-    return out
+    step: int,
+) -> Overlap | None:
+    """How much ``selected`` (a GMTS or ETS selection) overlaps the partner method's
+    selection with the same settings: one extra selection. None for other scores."""
+    partner = OVERLAP_PARTNER.get(selection.score)
+    if partner is None:
+        return None
+    other = select_minibatch(
+        batch,
+        current,
+        dataclasses.replace(selection, score=partner),
+        objective,
+        micro_batch_size=micro_batch_size,
+        info=info,
+        step=step,
+    )
+    assert other is not None
+    counts = torch.stack([(selected & other).sum(), (selected | other).sum()]).double()
+    both, either = all_reduce_sum(counts, info).tolist()
+    return Overlap(both, either)
 
 
 def update_minibatch(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    batch: TrainBatch,
-    settings: UpdateSettings,
+    batch: ScoredBatch,
+    selected: torch.Tensor | None,
     *,
-    info: DistInfo,
-    step: int,
-    current: TokenStatistics | None = None,
-) -> tuple[dict[str, float], torch.Tensor | None]:
-    """One optimizer step on ``batch`` (this rank's share of one mini-batch).
+    scorer: TokenScorer,
+    loss: LossConfig,
+    micro_batch_size: int,
+    grad_clip: float | None,
+    strategy: Strategy,
+) -> UpdateResult:
+    """One optimizer step on this rank's rows of a mini-batch, trained on ``selected``
+    (``(B, T)`` bool; None: every valid token).
 
-    Args:
-        batch: rows with ``old_logprobs`` (and ``ref_logprobs`` when KL is on) filled in; or
-            with ``old_logprobs`` None when the policy IS the rollout policy and the batch is
-            one micro-batch (one update per rollout, the paper's default): then one forward
-            pass with gradients gives the old log-probs, the scores and the loss, and
-            ``batch.old_logprobs`` / ``batch.old_entropy`` are filled in from it.
-        current: the current policy's no-grad statistics of ``batch`` if already known (the
-            first mini-batch after a rollout); None computes them when the score needs them.
-        step: the optimizer-step index (seeds the random score).
-
-    Returns:
-        ``(metrics, selected)``: metrics (global over ranks where noted;
-        ``update/skipped_nonfinite`` is 1.0 when the loss or the gradient was not finite: the
-        step was skipped and the weights are untouched) and this rank's ``(B, T)`` bool
-        selection mask (None for score 'none').
+    The divisors come from the whole mini-batch's token counts over every rank, once; the
+    micro-batches of ``micro_batch_size`` rows then each back-propagate their share of one
+    global loss, and the gradients are summed over ranks by the strategy.
     """
-    sel = settings.selection
-    objective = settings.objective
-    group = info.group
-    mask = batch.response_mask
-    fused = None  # statistics with gradients, reused by the loss (single-pass mode)
-    if batch.old_logprobs is None:
-        if batch.num_rows > settings.micro_batch_size:
-            raise ValueError("old_logprobs may be None only for a single micro-batch")
-        fused = policy_statistics(
-            model,
-            batch,
-            temperature=settings.temperature,
-            chunk_size=settings.chunk_size,
-            logit_grad_norm=needs_logit_grad_norm(sel),
-        )
-        batch.old_logprobs = fused.logprobs.detach()
-        batch.old_entropy = fused.entropy
-        current = TokenStatistics(batch.old_logprobs, fused.entropy, fused.logit_grad_norm)
-    if current is None and sel.enabled:
-        current = batched_statistics(
-            model,
-            batch,
-            micro_batch_size=settings.micro_batch_size,
-            temperature=settings.temperature,
-            chunk_size=settings.chunk_size,
-            logit_grad_norm=needs_logit_grad_norm(sel),
-        )
-    selected = _select(settings, batch, current, info, step)
-    metrics: dict[str, float] = {}
-    if current is not None:
-        metrics.update(selection_metrics(settings, batch, current, selected, info))
-
-    loss_config = LossConfig.of(objective, sel)
-    denominators = loss_config.denominators(TokenSums.count(mask, selected).all_reduce(group))
-
-    params = [p for p in model.parameters() if p.requires_grad]
+    group = strategy.info.group
+    counts = TokenSums.count(batch.response_mask, selected).all_reduce(group)
+    denominators = loss.denominators(counts)
+    # the optimizer's own list: under FSDP, model.parameters() can be the gathered (unsharded)
+    # tensors between a forward and its backward; the sharded ones hold the gradients
+    params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
     optimizer.zero_grad(set_to_none=True)
-    finite = True
-    loss_total = 0.0
-    weighted: dict[str, float] = {}
-    weight_total = 0.0
-    for s in micro_slices(batch.num_rows, settings.micro_batch_size):
-        micro = batch.rows(s)
-        stats = fused or policy_statistics(
-            model, micro, temperature=settings.temperature, chunk_size=settings.chunk_size
-        )
-        loss, sums = policy_loss(
+    total_loss, total_sums, finite = 0.0, None, True
+    for s in micro_slices(batch.num_rows, micro_batch_size):
+        rows = batch.rows(s)
+        stats = scorer(model, rows)  # the current policy, with gradients
+        micro_loss, sums = policy_loss(
             stats.logprobs,
-            micro.old_logprobs,
-            micro.advantages,
-            micro.response_mask,
-            loss_config,
+            rows.old_logprobs,
+            rows.advantages,
+            rows.response_mask,
+            loss,
             selected=None if selected is None else selected[s],
-            ref_logprobs=micro.ref_logprobs,
+            ref_logprobs=rows.ref_logprobs,
+            entropy=stats.entropy,
             denominators=denominators,
         )
-        loss_metrics = sums.metrics()
-        if not torch.isfinite(loss):
-            finite = False
-            continue  # keep going: every rank must reach the same collectives
-        loss.backward()
-        loss_total += float(loss.detach())
-        w = float(micro.response_mask.sum())
-        weight_total += w
-        for k in ("clip_fraction", "kl_mean"):
-            v = loss_metrics.get(k)
-            if v is not None and math.isfinite(v):
-                weighted[k] = weighted.get(k, 0.0) + w * v
+        # backward even when not finite: every rank must reach the same collectives (FSDP's
+        # reduce-scatters run inside backward); the step is then skipped on every rank
+        finite = finite and bool(torch.isfinite(micro_loss))
+        micro_loss.backward()
+        total_loss += float(micro_loss.detach())
+        total_sums = sums if total_sums is None else total_sums + sums
+    assert total_sums is not None, "a mini-batch has at least one row"
+    return _apply(optimizer, params, total_loss, total_sums, finite, grad_clip, strategy)
 
-    all_reduce_gradients(params, info)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        params, settings.grad_clip if settings.grad_clip else float("inf")
+
+def update_in_one_pass(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    ref_logprobs: torch.Tensor | None,
+    *,
+    scorer: TokenScorer,
+    selection: SelectionConfig,
+    loss: LossConfig,
+    grad_clip: float | None,
+    strategy: Strategy,
+    step: int,
+) -> tuple[UpdateResult, ScoredBatch, torch.Tensor | None]:
+    """The update of a one-micro-batch mini-batch right after the rollout, in one forward.
+
+    The policy is the rollout policy, so its statistics ARE the old statistics: one forward
+    with gradients gives the old log-probs (detached), the selection scores and the loss. The
+    same update as scoring first and then :func:`update_minibatch` (a test checks it).
+
+    Returns:
+        ``(result, scored, selected)``: the update, the batch with its old statistics, and
+        this rank's ``(B, T)`` selection (None for score 'none').
+    """
+    params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
+    optimizer.zero_grad(set_to_none=True)
+    stats = scorer(model, batch, logit_grad_norm=needs_logit_grad_norm(selection))
+    scored = batch.scored(stats, ref_logprobs)  # old log-probs: the detached current ones
+    info = strategy.info
+    selected = select_minibatch(
+        scored,
+        scored.old,
+        selection,
+        loss.objective,
+        micro_batch_size=batch.num_rows,
+        info=info,
+        step=step,
     )
+    counts = TokenSums.count(batch.response_mask, selected).all_reduce(info.group)
+    batch_loss, sums = policy_loss(
+        stats.logprobs,
+        scored.old_logprobs,
+        batch.advantages,
+        batch.response_mask,
+        loss,
+        selected=selected,
+        ref_logprobs=ref_logprobs,
+        entropy=stats.entropy,
+        denominators=loss.denominators(counts),
+    )
+    finite = bool(torch.isfinite(batch_loss))
+    batch_loss.backward()
+    result = _apply(
+        optimizer, params, float(batch_loss.detach()), sums, finite, grad_clip, strategy
+    )
+    return result, scored, selected
+
+
+def _apply(
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    local_loss: float,
+    local_sums: TokenSums,
+    finite: bool,
+    grad_clip: float | None,
+    strategy: Strategy,
+) -> UpdateResult:
+    """Sum the gradients over ranks, clip, and step unless anything on any rank was not
+    finite; the loss and the token sums reduced over ranks."""
+    strategy.reduce_gradients(params)
+    grad_norm = strategy.clip_grad_norm(params, grad_clip)
     flags = all_reduce_sum(
-        torch.tensor([0.0 if finite else 1.0, loss_total], dtype=torch.float64), info
+        torch.tensor([0.0 if finite else 1.0, local_loss], dtype=torch.float64), strategy.info
     )
-    finite = finite and flags[0].item() == 0 and bool(torch.isfinite(grad_norm))
-    if finite:
+    applied = flags[0].item() == 0 and math.isfinite(grad_norm)
+    if applied:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    metrics["update/loss"] = flags[1].item() if finite else float("nan")
-    metrics["update/grad_norm"] = float(grad_norm)
-    metrics["update/skipped_nonfinite"] = 0.0 if finite else 1.0
-    for k, v in weighted.items():
-        metrics[f"update/{k}"] = v / max(weight_total, 1.0)
-    return metrics, selected
+    return UpdateResult(
+        loss=flags[1].item() if applied else float("nan"),
+        grad_norm=grad_norm,
+        applied=applied,
+        sums=local_sums.all_reduce(strategy.info.group),
+    )
+
+
+def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
+    """The ``update/*`` and ``select/*`` rows of one step's mini-batch updates.
+
+    Loss and gradient norm are means over the mini-batches (the loss over applied steps only);
+    fractions and entropies pool the token sums of every mini-batch.
+    """
+    applied = [r for r in results if r.applied]
+    norms = [r.grad_norm for r in results if math.isfinite(r.grad_norm)]
+    sums = results[0].sums
+    for r in results[1:]:
+        sums = sums + r.sums
+    m = sums.metrics()
+    out = {
+        "update/loss": sum(r.loss for r in applied) / len(applied) if applied else math.nan,
+        "update/grad_norm": sum(norms) / len(norms) if norms else math.nan,
+        "update/skipped_nonfinite": float(len(results) - len(applied)),
+        "update/clip_fraction": m["clip_fraction"],
+        "select/fraction": m["selected_fraction"],
+        "select/entropy_all": m["entropy_mean"],
+        "select/entropy_selected": m["entropy_selected_mean"],
+        "select/positive_adv_fraction": m["positive_advantage_fraction_selected"],
+    }
+    if "kl_mean" in m:
+        out["update/kl_mean"] = m["kl_mean"]
+    return out

@@ -1,0 +1,123 @@
+"""``gmts plan``: the per-rank memory plan of a training config, before anything is loaded.
+
+    gmts plan --config configs/qwen3-8b/dapo-gmts.yaml --gpus 8 --gpu-gib 80
+    gmts plan --config configs/demo.yaml                 # the embedded model (built if needed)
+    gmts plan --shipped configs --markdown               # docs/training.md's table
+
+Reads only the model's config.json (a hub id that cannot be reached falls back to the
+transcribed shapes of gmts.train.known_models). The plan is what ``gmts train`` prints at start
+and enforces on CUDA; see gmts.train.memory_plan for what it counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+SETUPS = ((1, 80.0), (8, 80.0), (1, 141.0))
+"""GPU count x GiB per GPU of the docs table: 1x and 8x 80 GB (A100/H100), 1x 141 GB (H200)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", default=None, help="YAML training config")
+    parser.add_argument("overrides", nargs="*", metavar="section.field=value")
+    parser.add_argument("--gpus", type=int, default=1, help="processes (GPUs), default 1")
+    parser.add_argument(
+        "--gpu-gib", type=float, default=None, help="memory per GPU in GiB: say whether it fits"
+    )
+    parser.add_argument(
+        "--shipped",
+        metavar="CONFIGS_DIR",
+        default=None,
+        help="plan every <dir>/*/base.yaml on 1x80, 8x80 and 1x141 GiB and print one table",
+    )
+    parser.add_argument("--markdown", action="store_true", help="--shipped: as Markdown")
+
+
+def _plan(cfg, gpus: int):
+    """(plan, where the model shape came from) of a TrainConfig on ``gpus`` ranks."""
+    from gmts.train.config import DATASET_MAX_NEW_TOKENS
+    from gmts.train.known_models import model_config
+    from gmts.train.memory_plan import PlanSettings, plan_memory
+
+    if cfg.model.path == "embedded":
+        from gmts.train.policy import resolve_model_path
+
+        path = resolve_model_path(cfg, progress=sys.stderr.isatty())
+    else:
+        path = cfg.model.path
+    config, source = model_config(path, cfg.model.trust_remote_code)
+    r = cfg.rollout
+    if cfg.data.dataset is None:
+        from gmts.data.tasks import get_task
+
+        task = get_task(cfg.data.task)
+        prompt, response = task.prompt_length, r.max_response_length or task.max_new_tokens
+    else:
+        prompt, response = r.max_prompt_length, r.max_response_length or DATASET_MAX_NEW_TOKENS
+    for name, value in (
+        ("rollout.questions_per_batch", r.questions_per_batch),
+        ("optim.mini_batch_questions", cfg.mini_batch_questions),
+    ):
+        if value % gpus:
+            raise ValueError(f"{name} ({value}) must be divisible by --gpus {gpus}")
+    settings = PlanSettings.from_config(
+        cfg, world_size=gpus, prompt_length=prompt, response_length=response
+    )
+    return plan_memory(config, settings), source
+
+
+def shipped_table(configs_dir: Path, markdown: bool = True) -> str:
+    """Peak GiB per rank of every ``<configs_dir>/*/base.yaml`` on the :data:`SETUPS`."""
+    from gmts.train.config import load_config
+    from gmts.train.memory_plan import DEVICE_HEADROOM, GIB
+
+    head = ["config", "model", "strategy"] + [f"{n}x{g:g} GiB" for n, g in SETUPS]
+    rows = []
+    for base in sorted(configs_dir.glob("*/base.yaml")):
+        cfg = load_config(base)
+        cells = []
+        params = ""
+        for gpus, gib in SETUPS:
+            plan, _ = _plan(cfg, gpus)
+            params = f"{plan.shape.params / 1e9:.2f}B"
+            fits = plan.peak <= DEVICE_HEADROOM * gib * GIB
+            cells.append(
+                f"{plan.peak / GIB:.1f} ({plan.peak_phase}) {'fits' if fits else '**does not fit**'}"
+            )
+        rows.append(
+            [base.parent.name, f"{cfg.model.path} ({params})", cfg.distributed.strategy, *cells]
+        )
+    if not markdown:
+        return "\n".join("  ".join(r) for r in [head, *rows])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gmts.train.config import load_config
+    from gmts.train.memory_plan import GIB, MemoryPlanError, check_fits_device
+
+    try:
+        if args.shipped:
+            print(shipped_table(Path(args.shipped), markdown=args.markdown))
+            return 0
+        if args.gpus < 1:
+            raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+        cfg = load_config(args.config, list(args.overrides))
+        plan, source = _plan(cfg, args.gpus)
+    except ValueError as exc:
+        print(f"gmts plan: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"model: {source}")
+    print(plan.table())
+    if args.gpu_gib is not None:
+        try:
+            check_fits_device(plan, int(args.gpu_gib * GIB), f"a {args.gpu_gib:g} GiB GPU")
+        except MemoryPlanError as exc:
+            print(f"does not fit: {exc}")
+            return 1
+        print(f"fits on a {args.gpu_gib:g} GiB GPU")
+    return 0

@@ -1,0 +1,289 @@
+"""A per-rank memory plan, made before any weight is loaded.
+
+From the model's ``config.json`` alone (``AutoConfig``; no weights), the world size, the
+distributed strategy, the precision and the batch shapes, :func:`plan_memory` estimates the
+bytes each rank needs in the four phases of a training step and takes the largest:
+
+- **rollout**: master weights + AdamW state (+ the reference model) + the copy of the weights
+  that sampling runs on + the KV cache of ``generation_batch_size`` rows of prompt + response
+  + the prefill's working set;
+- **scoring** (old / reference log-probs, no grad): weights + one micro-batch's logits;
+- **update** (forward + backward of one micro-batch): weights + gradients + AdamW state + the
+  compute copy + saved activations + the logits and their gradient + the float32 blocks of
+  :mod:`gmts.core.logprobs`;
+- **optimizer step**: weights + gradients + AdamW state + the step's float32 temporaries.
+
+Each phase is the larger of the moments it passes through (e.g. the prefill vs the last
+decoding step), not the sum of everything it ever allocates. Where the numbers come from:
+
+- Parameter counts, activation and KV-cache bytes per token: :mod:`gmts.train.model_cost`
+  (exact counts on the meta device; activations measured on a narrow copy of the model).
+- The strategy's layout (what is sharded, what is gathered) comes from the strategy class
+  (:meth:`gmts.train.strategy.Strategy.layout`).
+
+The plan is an estimate: allocator fragmentation, CUDA context and NCCL buffers are not in it
+(:data:`DEVICE_HEADROOM` leaves room for them when checking against a GPU). Its agreement with
+measured peaks is stated in docs/training.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gmts.train.model_cost import ModelShape, activation_cost
+
+GIB = 2**30
+DEVICE_HEADROOM = 0.92
+"""Fraction of a GPU's memory the plan may fill (the rest: CUDA context, NCCL, fragmentation)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Bytes per rank that a strategy needs for the weights (see ``Strategy.layout``).
+
+    Attributes:
+        weights, gradients, optimizer: master weights, their gradients, AdamW's two moments.
+        compute_copy: weights in the compute dtype alive during a forward + backward.
+        resident_copy: the part of ``compute_copy`` still alive after a no-grad forward.
+        sampling_copy: the weights sampling runs on (besides the master weights).
+        reference: the frozen reference model (0 when there is none).
+        step_temporaries: float32 temporaries of one AdamW step (torch's foreach AdamW).
+    """
+
+    weights: float
+    gradients: float
+    optimizer: float
+    compute_copy: float
+    resident_copy: float
+    sampling_copy: float
+    reference: float
+    step_temporaries: float
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The run settings that decide memory (one rank's view).
+
+    Attributes:
+        world_size: processes.
+        strategy: ``distributed.strategy``.
+        dtype: ``model.dtype`` (float32 / bfloat16).
+        micro_batch_size: rows per forward/backward.
+        prompt_length, response_length: the longest prompt and response, in tokens.
+        generation_rows: rows this rank generates at once.
+        logits_chunk_size: ``model.logits_chunk_size`` (None: the core's default).
+        gradient_checkpointing: recompute activations in backward.
+        reference: a frozen reference model is kept (KL > 0).
+    """
+
+    world_size: int
+    strategy: str
+    dtype: str
+    micro_batch_size: int
+    prompt_length: int
+    response_length: int
+    generation_rows: int
+    logits_chunk_size: int | None = None
+    gradient_checkpointing: bool = False
+    reference: bool = False
+
+    @classmethod
+    def from_config(
+        cls, cfg: Any, *, world_size: int, prompt_length: int, response_length: int
+    ) -> PlanSettings:
+        """The settings of a :class:`gmts.train.config.TrainConfig` on ``world_size`` ranks."""
+        r = cfg.rollout
+        rows = r.questions_per_batch // world_size * r.group_size
+        return cls(
+            world_size=world_size,
+            strategy=cfg.distributed.strategy,
+            dtype=cfg.model.dtype,
+            micro_batch_size=min(cfg.optim.micro_batch_size, rows),
+            prompt_length=prompt_length,
+            response_length=response_length,
+            generation_rows=min(r.generation_batch_size or rows, rows),
+            logits_chunk_size=cfg.model.logits_chunk_size,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            reference=cfg.objective.kl_coef > 0,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per rank, by phase and by part (every number in bytes).
+
+    ``phases`` maps a phase name to its parts (name -> bytes); ``peak`` is the largest phase
+    total and ``peak_phase`` its name.
+    """
+
+    shape: ModelShape
+    settings: PlanSettings
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def total(self, phase: str) -> float:
+        return sum(self.phases[phase].values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.total)
+
+    @property
+    def peak(self) -> float:
+        return self.total(self.peak_phase)
+
+    def summary(self) -> str:
+        """One line: the peak and its phase."""
+        s = self.settings
+        return (
+            f"memory plan: peak {self.peak / 2**20:.1f} MiB per rank in the {self.peak_phase} "
+            f"phase ({s.world_size} x {s.strategy}, {s.dtype}); `gmts plan` shows its parts"
+        )
+
+    def table(self) -> str:
+        """A text table: one column per phase, one row per part (GiB, or MiB under 1 GiB)."""
+        names = list(self.phases)
+        parts = list(dict.fromkeys(p for ph in self.phases.values() for p in ph))
+        s = self.settings
+        unit, scale = ("GiB", GIB) if self.peak >= GIB else ("MiB", 2**20)
+        head = (
+            f"memory plan per rank ({s.world_size} x {s.strategy}, {s.dtype}, "
+            f"{self.shape.params / 1e9:.2f}B parameters, micro-batch {s.micro_batch_size} x "
+            f"{s.prompt_length}+{s.response_length} tokens, {s.generation_rows} rows generated "
+            f"at once), {unit}:"
+        )
+        width = max(len(p) for p in [*parts, "total"]) + 2
+        lines = [head, "".ljust(width) + "".join(f"{n:>12}" for n in names)]
+        for part in parts:
+            cells = "".join(
+                f"{self.phases[n][part] / scale:>12.2f}" if part in self.phases[n] else f"{'':>12}"
+                for n in names
+            )
+            lines.append(part.ljust(width) + cells)
+        lines.append(
+            "total".ljust(width) + "".join(f"{self.total(n) / scale:>12.2f}" for n in names)
+        )
+        lines.append(f"peak: {self.peak / scale:.2f} {unit} ({self.peak_phase})")
+        return "\n".join(lines)
+
+
+def _mode(settings: PlanSettings) -> str:
+    if settings.dtype == "float32":
+        return "float32"
+    return "bf16-params" if settings.strategy == "fsdp" else "autocast"
+
+
+def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
+    """The per-rank memory plan of training ``config``'s model with ``settings``."""
+    from gmts.train.precision import Precision
+    from gmts.train.strategy import STRATEGIES
+
+    shape = ModelShape.from_config(config)
+    precision = Precision.from_name(settings.dtype)
+    cb = precision.compute_bytes
+    layout = STRATEGIES.get(settings.strategy).layout(shape, precision, settings)
+    act = activation_cost(config, _mode(settings))
+
+    s = settings
+    seq = s.prompt_length + s.response_length
+    tokens = s.micro_batch_size * seq
+    logits = s.micro_batch_size * (s.response_length + 1) * shape.vocab * cb  # (mb, T+1, V)
+    blocks = _logit_blocks(s, shape.vocab, precision.mixed)
+    if s.gradient_checkpointing:  # one residual vector per layer kept, a layer recomputed
+        kept = tokens * (shape.layers * act.stream + act.outside)
+        recompute = tokens * act.per_layer
+    else:
+        kept = tokens * (shape.layers * act.per_layer + act.outside)
+        recompute = 0.0
+    # a forward (no grad) or a layer's backward has about half of what a layer saves for
+    # backward alive at once (the MLP's gate, up and product tensors)
+    layer_work = tokens * act.per_layer / 2
+    kv_per_token = shape.layers * act.kv_per_layer
+    growth = 1 + 1 / shape.layers  # DynamicCache grows by torch.cat: one layer copied at a time
+    kv_full = s.generation_rows * seq * kv_per_token * growth
+    kv_prompt = s.generation_rows * s.prompt_length * kv_per_token
+    prefill = s.generation_rows * s.prompt_length * act.per_layer / 2
+    sample_logits = 3 * s.generation_rows * shape.vocab * 4  # (rows, V) float32 softmax
+
+    resident = {"weights": layout.weights, "optimizer": layout.optimizer}
+    if layout.reference:
+        resident["reference"] = layout.reference
+    training = {
+        **resident,
+        "gradients": layout.gradients,
+        "compute copy": layout.compute_copy,
+        "activations": kept,
+    }
+    phases = {  # each phase: the larger of the moments it passes through
+        "rollout": _peak(
+            {
+                **resident,
+                "sampling copy": layout.sampling_copy,
+                "KV cache": kv_full,
+                "working set": sample_logits,
+            },  # the last decoding step
+            {
+                **resident,
+                "sampling copy": layout.sampling_copy,
+                "KV cache": kv_prompt,
+                "working set": prefill,
+            },  # the prefill of the prompts
+        ),
+        "scoring": _peak(
+            {
+                **resident,
+                "compute copy": layout.compute_copy,
+                "logits": logits,
+                "working set": layer_work,
+            },  # end of the forward
+            {**resident, "compute copy": layout.resident_copy, "logits": logits + blocks},
+        ),
+        "update": _peak(
+            {**training, "logits": 2 * logits + blocks},  # logits, their gradient, blocks
+            {**training, "working set": recompute + layer_work},  # a layer's backward
+        ),
+        "step": {**resident, "gradients": layout.gradients, "working set": layout.step_temporaries},
+    }
+    return MemoryPlan(shape=shape, settings=settings, phases=phases)
+
+
+def _peak(*moments: dict[str, float]) -> dict[str, float]:
+    """The moment with the most bytes alive."""
+    return max(moments, key=lambda m: sum(m.values()))
+
+
+def _logit_blocks(s: PlanSettings, vocab: int, mixed: bool) -> float:
+    """Float32 (n, V) blocks alive at once in :mod:`gmts.core.logprobs`: n tokens per block as
+    its ``_blocks`` cuts a (micro-batch, T) grid; 3 blocks for bf16 logits (the float32 copy,
+    log-softmax, probabilities), 2 for float32 ones (no copy)."""
+    from gmts.core.logprobs import default_chunk_size
+
+    chunk = s.logits_chunk_size or default_chunk_size(vocab)
+    T = s.response_length
+    n = T * max(1, chunk // T) if chunk >= T else chunk
+    n = min(n, s.micro_batch_size * T)
+    return (3 if mixed else 2) * n * vocab * 4
+
+
+class MemoryPlanError(ValueError):
+    """The plan does not fit on the device (message names the knobs)."""
+
+
+KNOBS = (
+    "distributed.strategy=fsdp (with more GPUs), optim.micro_batch_size, "
+    "rollout.generation_batch_size, model.gradient_checkpointing=true, "
+    "model.logits_chunk_size, rollout.max_response_length / max_prompt_length "
+    "(or distributed.check_memory=false to start anyway)"
+)
+
+
+def check_fits_device(plan: MemoryPlan, device_bytes: int, device_name: str) -> None:
+    """Raise :class:`MemoryPlanError` when ``plan.peak`` exceeds
+    ``DEVICE_HEADROOM * device_bytes``."""
+    budget = DEVICE_HEADROOM * device_bytes
+    if plan.peak > budget:
+        raise MemoryPlanError(
+            f"the memory plan needs {plan.peak / GIB:.1f} GiB per rank in its {plan.peak_phase} "
+            f"phase but {device_name} has {device_bytes / GIB:.1f} GiB "
+            f"({DEVICE_HEADROOM:.0%} usable); lower it with {KNOBS}"
+        )

@@ -1,0 +1,255 @@
+"""What a causal LM costs in memory per token, measured from its config alone (no weights).
+
+:class:`ModelShape` counts the parameters exactly: the model is built on the ``meta`` device
+from its config (no memory, no weights). :func:`activation_cost` measures, rather than guesses,
+the bytes one token costs: a narrow copy of the architecture (head counts, hidden and MLP
+widths divided by one factor, head size kept, 1 and 2 layers, a small vocabulary) runs one real
+forward on the CPU in the run's precision; every tensor autograd saves is counted once
+(parameters and their casts excluded), and so is the KV cache a no-grad forward leaves. Every
+such tensor of a decoder layer is linear in those widths, so the counts scale back up exactly.
+Attention is assumed to use a fused kernel (no length x length matrix), as SDPA does on CUDA.
+The memory plan (:mod:`gmts.train.memory_plan`) is built from these numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs to know about a causal LM, from its config.
+
+    Attributes:
+        params: trainable parameters (tied weights counted once).
+        layer_params: parameters of one decoder layer.
+        root_params: parameters outside the decoder layers (embeddings, final norm, head).
+        layers, hidden, heads, kv_heads, head_dim, vocab: the config's sizes.
+        max_positions: ``max_position_embeddings`` (None when the config has none).
+    """
+
+    params: int
+    layer_params: int
+    root_params: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_positions: int | None
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelShape:
+        """Count the parameters of ``config``'s causal LM built on the meta device."""
+        from gmts.train.layers import decoder_layers
+
+        model = _meta_model(config)
+        params = sum(p.numel() for p in model.parameters())
+        layers = decoder_layers(model)
+        layer_params = sum(p.numel() for p in layers[0].parameters())
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        positions = getattr(config, "max_position_embeddings", None)
+        return cls(
+            params=params,
+            layer_params=layer_params,
+            root_params=params - layer_params * len(layers),
+            layers=len(layers),
+            hidden=config.hidden_size,
+            heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            vocab=config.vocab_size,
+            max_positions=positions if isinstance(positions, int) else None,
+        )
+
+
+def _meta_model(config: Any) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True)
+class ActivationCost:
+    """Bytes that one token costs in training forward passes (measured; see module doc).
+
+    Attributes:
+        per_layer: saved for backward inside one decoder layer.
+        outside: saved outside the decoder layers (embeddings, final norm; not the logits).
+        stream: one residual-stream vector (what gradient checkpointing keeps per layer).
+        kv_per_layer: one layer's KV cache entry, keys and values in the dtype the model
+            caches them (under bf16 autocast over float32 parameters they come out float32:
+            twice the cache of bf16 parameters).
+    """
+
+    per_layer: float
+    outside: float
+    stream: float
+    kv_per_layer: float
+
+
+def _narrow_config(config: Any, layers: int, factor: int | None = None) -> tuple[Any, int]:
+    """A copy of ``config`` with ``layers`` layers, widths divided by a common factor ``k``
+    (head size kept; the largest that divides both head counts and leaves a width of at least
+    64, or ``factor``) and a small vocabulary; returns ``(config, k)``."""
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    common = math.gcd(heads, kv)  # k must divide both head counts
+    k = max(
+        d
+        for d in range(1, common + 1)
+        if common % d == 0 and (d == 1 or config.hidden_size // d >= 64)
+    )
+    raw = config.to_dict()
+    raw.pop("architectures", None)
+    changes: dict[str, Any] = {
+        "num_hidden_layers": layers,
+        "hidden_size": config.hidden_size // k,
+        "num_attention_heads": heads // k,
+        "vocab_size": 256,
+        "tie_word_embeddings": getattr(config, "tie_word_embeddings", False),
+    }
+    if hasattr(config, "num_key_value_heads"):
+        changes["num_key_value_heads"] = kv // k
+    if getattr(config, "head_dim", None) is not None or config.hidden_size // heads != head_dim:
+        changes["head_dim"] = head_dim
+    inner = getattr(config, "intermediate_size", None)
+    if inner:
+        changes["intermediate_size"] = inner // k
+    if getattr(config, "n_inner", None):
+        changes["n_inner"] = config.n_inner // k
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if raw.get(key) is not None:
+            changes[key] = 0  # inside the small vocabulary
+    if isinstance(getattr(config, "layer_types", None), list):
+        changes["layer_types"] = list(config.layer_types[:layers])
+    attribute_map = getattr(type(config), "attribute_map", {})
+    for key, value in changes.items():  # GPT-2 spells hidden_size n_embd, ...
+        raw[attribute_map.get(key, key)] = value
+    narrow = type(config).from_dict(raw)
+    return narrow, k
+
+
+_VIEWS_AND_CASTS = frozenset(
+    {
+        "ToCopyBackward0",
+        "TBackward0",
+        "TransposeBackward0",
+        "PermuteBackward0",
+        "ViewBackward0",
+        "UnsafeViewBackward0",
+        "ExpandBackward0",
+        "AliasBackward0",
+    }
+)
+
+
+def _from_parameter(fn: Any) -> bool:
+    """Whether a saved tensor is a parameter seen through casts and views (autocast's bf16
+    weight copies: the strategy's compute copy, not an activation)."""
+    while fn is not None:
+        name = type(fn).__name__
+        if name == "AccumulateGrad":
+            return True
+        if name not in _VIEWS_AND_CASTS or not fn.next_functions:
+            return False
+        fn = fn.next_functions[0][0]
+    return False
+
+
+def _saved_bytes(
+    model: torch.nn.Module, tokens: int, autocast: torch.dtype | None
+) -> tuple[int, int]:
+    """(bytes autograd saves in one forward of ``tokens`` tokens, bytes of one decoder-layer
+    output vector per token)."""
+    from gmts.train.layers import decoder_layers
+
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in param_storages and not _from_parameter(t.grad_fn):
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    stream: dict[str, int] = {}
+    layer = decoder_layers(model)[0]
+
+    def on_output(_module: Any, _inputs: Any, output: Any) -> None:
+        out = output[0] if isinstance(output, tuple) else output
+        stream["bytes"] = out.shape[-1] * out.element_size()
+
+    handle = layer.register_forward_hook(on_output)
+    ids = torch.arange(tokens).remainder(200)[None, :] + 10  # (1, tokens), ids in vocab
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+            model(input_ids=ids, logits_to_keep=1, use_cache=False)
+    finally:
+        handle.remove()
+    return sum(storages.values()), stream["bytes"]
+
+
+@functools.lru_cache(maxsize=64)
+def _activation_cost(
+    config_json: str, config_class: str, mode: str, factor: int | None = None
+) -> ActivationCost:
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = getattr(transformers, config_class).from_dict(json.loads(config_json))
+    tokens = 64
+    totals, stream = [], 0
+    for layers in (1, 2):
+        narrow, k = _narrow_config(config, layers, factor)
+        param_dtype = torch.bfloat16 if mode == "bf16-params" else torch.float32
+        model = AutoModelForCausalLM.from_config(narrow, dtype=param_dtype)
+        model.train()
+        autocast = torch.bfloat16 if mode == "autocast" else None
+        saved, stream_bytes = _saved_bytes(model, tokens, autocast)
+        totals.append(saved * k / tokens)
+        stream = stream_bytes * k
+        kv = _cache_bytes(model, tokens, autocast) * k / tokens / layers
+    per_layer = totals[1] - totals[0]
+    return ActivationCost(
+        per_layer=per_layer, outside=totals[0] - per_layer, stream=stream, kv_per_layer=kv
+    )
+
+
+def _cache_bytes(model: torch.nn.Module, tokens: int, autocast: torch.dtype | None) -> int:
+    """Bytes of the KV cache after a no-grad forward of ``tokens`` tokens."""
+    ids = torch.arange(tokens).remainder(200)[None, :] + 10  # (1, tokens)
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
+    with torch.no_grad(), ctx:
+        cache = model(input_ids=ids, logits_to_keep=1, use_cache=True).past_key_values
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def activation_cost(config: Any, mode: str) -> ActivationCost:
+    """Measured activation bytes per token of ``config``'s architecture.
+
+    Args:
+        mode: ``"float32"`` (all float32), ``"autocast"`` (float32 parameters under bf16
+            autocast: the replicate strategy's mixed precision) or ``"bf16-params"`` (bf16
+            parameters: FSDP's mixed precision).
+    """
+    with torch.random.fork_rng(devices=[]):  # the probe's initialisation draws random numbers
+        return _activation_cost(config.to_json_string(), type(config).__name__, mode)

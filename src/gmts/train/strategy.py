@@ -1,0 +1,158 @@
+"""How the policy is laid out over the processes: ``distributed.strategy``, by name.
+
+- ``replicate``: every rank holds the whole model, its gradients and the AdamW state; the
+  gradients are summed over ranks with one all-reduce per optimizer step. About 16 bytes per
+  parameter per rank (float32 weights, gradients, two Adam moments).
+- ``fsdp``: PyTorch's FSDP2 (``fully_shard`` per decoder layer plus the root,
+  :mod:`gmts.train.fsdp`): weights, gradients and the AdamW state are split over the ranks
+  (16 / N bytes per parameter), layers are all-gathered for their forward and backward.
+
+Both keep the update exact: the token selection and the loss denominator are global over the
+ranks (the core's ``process_group`` arguments) and the gradients are SUMMED over ranks, never
+averaged, so one process and N processes make the same update. Every strategy has the same
+methods (:class:`Strategy`), so the trainer never branches on the name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import torch
+
+from gmts._registry import Registry
+from gmts.train.distributed import DistInfo, all_reduce_gradients
+from gmts.train.memory_plan import Layout, PlanSettings
+from gmts.train.model_cost import ModelShape
+from gmts.train.precision import Precision
+
+__all__ = ["Strategy", "Replicate", "STRATEGIES", "make_strategy", "available_strategies"]
+
+
+class Strategy:
+    """The layout of the policy (and the reference model) over the ranks.
+
+    Args:
+        info: this process's place in the process group.
+        precision: the run's dtypes (:class:`gmts.train.precision.Precision`).
+        device: this rank's device.
+    """
+
+    name: ClassVar[str]
+
+    @staticmethod
+    def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:
+        """Bytes per rank for the weights under this strategy (the memory plan's input)."""
+        raise NotImplementedError
+
+    def __init__(self, info: DistInfo, precision: Precision, device: torch.device) -> None:
+        self.info = info
+        self.precision = precision
+        self.device = device
+
+    # ---- setting up
+    def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The trainable policy (float32 master weights on CPU) laid out on this rank."""
+        raise NotImplementedError
+
+    def prepare_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The frozen reference model (loaded in the compute dtype) laid out on this rank."""
+        raise NotImplementedError
+
+    # ---- passes
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Around each model forward of training and scoring (the backward follows it)."""
+        return contextlib.nullcontext()
+
+    def sampling(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Around generation and evaluation: inside, ``model`` runs on this rank alone (no
+        collective per forward), so ranks may run different numbers of forwards. Every rank
+        must enter and leave it together."""
+        raise NotImplementedError
+
+    # ---- the optimizer step
+    def reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum ``.grad`` over ranks (no-op where the backward already did)."""
+
+    def clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float | None) -> float:
+        """Clip the global gradient norm to ``max_norm`` (None: no clip); returns the norm
+        before clipping (inf or nan when a gradient is not finite)."""
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        return float(norm)
+
+    # ---- checkpoints (collective: every rank calls; rank 0 gets the result)
+    def full_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """The whole float32 state dict on rank 0 (None: ``save_pretrained`` reads the model
+        itself); None on the other ranks."""
+        return None
+
+    def optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+        """The optimizer state to save (whole, on rank 0)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Any
+    ) -> None:
+        """Put back what :meth:`optimizer_state` saved."""
+        optimizer.load_state_dict(state)
+
+
+STRATEGIES: Registry[Callable[[DistInfo, Precision, torch.device], Strategy]] = Registry(
+    "distributed strategy"
+)
+
+
+@STRATEGIES.decorator("replicate")
+class Replicate(Strategy):
+    """The whole model on every rank; one gradient all-reduce per optimizer step. Mixed
+    precision by autocast over the float32 parameters."""
+
+    name = "replicate"
+
+    @staticmethod
+    def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:
+        p, cb = shape.params, precision.compute_bytes
+        cast = p * cb if precision.mixed else 0.0  # autocast's weight casts (freed at its exit)
+        return Layout(
+            weights=4 * p,
+            gradients=4 * p,
+            optimizer=8 * p,
+            compute_copy=cast,
+            resident_copy=0.0,
+            sampling_copy=cast,
+            reference=p * cb if settings.reference else 0.0,
+            step_temporaries=4 * p,
+        )
+
+    def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)
+
+    def prepare_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return self.precision.autocast(self.device)
+
+    @contextlib.contextmanager
+    def sampling(self, model: torch.nn.Module) -> Iterator[None]:
+        with self.precision.autocast(self.device):  # one region: each weight cast once
+            yield
+
+    def reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        all_reduce_gradients(params, self.info)
+
+
+import gmts.train.fsdp  # noqa: E402, F401  (registers "fsdp")
+
+
+def available_strategies() -> list[str]:
+    """Names accepted by ``distributed.strategy``."""
+    return STRATEGIES.names()
+
+
+def make_strategy(
+    name: str, info: DistInfo, precision: Precision, device: torch.device
+) -> Strategy:
+    """The strategy ``name`` for this rank; an unknown name lists the valid ones."""
+    return STRATEGIES.get(name)(info, precision, device)

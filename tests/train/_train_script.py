@@ -1,0 +1,35 @@
+"""A small deterministic training run with the partial-credit reward (not a test module).
+
+python _train_script.py MODEL_DIR RUN_DIR [section.field=value ...] [--resume]
+
+Runs as one process or under torchrun (the trainer joins the process group itself).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    from gmts.train.distributed import shutdown
+    from gmts.train.trainer import train
+
+    model_dir, run_dir, *rest = sys.argv[1:]
+    overrides = [a for a in rest if a != "--resume"]
+    cfg = tiny.small_config(Path(model_dir), Path(run_dir), *overrides)
+    try:
+        train(cfg, resume="--resume" in rest, reward_fn=tiny.partial_credit)
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()
