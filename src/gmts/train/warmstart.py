@@ -33,7 +33,7 @@ import torch
 from gmts.data.tiny_model import TinyModelConfig
 
 INFO_FILE = "warmstart.json"
-_FORMAT_VERSION = 1  # bump when the training recipe changes in a way the settings do not show
+_FORMAT_VERSION = 2  # bump when the training recipe changes in a way the settings do not show
 
 
 @dataclass(frozen=True)
