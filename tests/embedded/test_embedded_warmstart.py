@@ -141,12 +141,14 @@ def test_evaluate_task_bookkeeping(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_warm_start_lands_in_the_calibrated_range(tmp_path):
-    """The default recipe leaves room for RL: held-out avg@16 about 0.3 (0.29-0.41 calibrated)."""
+def test_default_warm_start_stops_early_with_headroom(tmp_path):
+    """The default recipe stops at its check (seed 0: 950 steps, check 0.37) and leaves RL room:
+    held-out avg@16 about 0.08 (0.06-0.08 for seeds 0-2), greedy accuracy about 0.35."""
     path = warm_start("addition", cache_dir=tmp_path, progress=False)
     info = json.loads((path / "warmstart.json").read_text())
-    assert 0.15 <= info["average_at_n"] <= 0.6, info
-    assert info["greedy_accuracy"] >= info["average_at_n"]
+    assert info["check_accuracy"] >= 0.35 and info["steps_done"] < 2000, info
+    assert 0.02 <= info["average_at_n"] <= 0.2, info
+    assert info["average_at_n"] <= info["greedy_accuracy"] <= 0.7, info
 
 
 def test_warm_start_batch_puts_the_loss_on_the_completion_only():

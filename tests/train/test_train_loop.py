@@ -293,7 +293,16 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
     from gmts.train.demo import DemoSettings, format_table, run_demo
 
     warm = Path(shutil.copytree(tiny_dir, tmp_path / "warm"))
-    (warm / warmstart.INFO_FILE).write_text(json.dumps({"greedy_accuracy": 0.25, "steps_done": 7}))
+    (warm / warmstart.INFO_FILE).write_text(
+        json.dumps(
+            {
+                "greedy_accuracy": 0.25,
+                "steps_done": 7,
+                "check_accuracy": 0.4,
+                "settings": {"config": {"stop_at_greedy": 0.35}},
+            }
+        )
+    )
     monkeypatch.setattr(warmstart, "warm_start", lambda *a, **k: warm)
     settings = DemoSettings(
         overrides=(
@@ -319,6 +328,9 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
         assert row.area_mean(2) == pytest.approx((a0 + 2 * a1 + a2) / 4)
     table = format_table(result)
     assert "GMTS top 20%" in table and "average@2" in table and "greedy accuracy 25.0%" in table
+    assert "7 supervised steps (stopped at 40% greedy on the check questions)" in table
+    result.warm_start["check_accuracy"] = 0.3  # a warm start that ran out of steps says so
+    assert "did NOT reach its 35% check target: 30%" in format_table(result)
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 0
     assert f"xdg-open {tmp_path / 'demo' / 'curves.png'}" in table
     with pytest.raises(ValueError, match="optim.nope"):

@@ -216,14 +216,27 @@ def format_table(result: DemoResult) -> str:
             + f" {100 * row.curve[steps[-1]][f'pass@{k}']:>8.1f}"
             + f" {row.step_time_s:>7.3f} {row.selected_fraction:>9.3f}"
         )
-    w = result.warm_start
-    if w:
-        lines.append(
-            f"warm start: {w['steps_done']} supervised steps, held-out greedy accuracy "
-            f"{100 * w['greedy_accuracy']:.1f}%; {result.warm_start_s:.0f} s here (cached after "
-            "the first run)"
-        )
+    if result.warm_start:
+        lines.append(_warm_start_line(result))
     lines.append(f"total {result.total_s:.0f} s")
     if result.plot:
         lines.append(f"curves: {result.plot}  (view: xdg-open {result.plot})")
     return "\n".join(lines)
+
+
+def _warm_start_line(result: DemoResult) -> str:
+    """How the warm start ended (its early stop, or that it missed it) and what it cost."""
+    w = result.warm_start
+    target = w.get("settings", {}).get("config", {}).get("stop_at_greedy")
+    check = w.get("check_accuracy")
+    if target is None or check is None:
+        stop = ""
+    elif check >= target:
+        stop = f" (stopped at {100 * check:.0f}% greedy on the check questions)"
+    else:
+        stop = f" (did NOT reach its {100 * target:.0f}% check target: {100 * check:.0f}%)"
+    return (
+        f"warm start: {w['steps_done']} supervised steps{stop}, held-out greedy accuracy "
+        f"{100 * w['greedy_accuracy']:.1f}%; {result.warm_start_s:.0f} s (cached after the first "
+        "run)"
+    )
