@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -324,24 +325,93 @@ def test_bfloat16_with_gradient_checkpointing_runs(tiny_dir, tmp_path):
 
 
 def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
-    """gmts demo's driver on a tiny budget (the warm start replaced by the tiny model)."""
+    """gmts demo's driver on a tiny budget (the warm start replaced by the tiny model): one
+    shared step-0 evaluation, the intermediate ones, a curve per run, the table and the plot."""
+    import shutil
+
     import gmts.train.warmstart as warmstart
     from gmts.train.demo import DemoSettings, format_table, run_demo
 
-    monkeypatch.setattr(warmstart, "warm_start", lambda *a, **k: tiny_dir)
+    warm = Path(shutil.copytree(tiny_dir, tmp_path / "warm"))
+    (warm / warmstart.INFO_FILE).write_text(
+        json.dumps(
+            {
+                "greedy_accuracy": 0.25,
+                "steps_done": 7,
+                "check_accuracy": 0.4,
+                "settings": {"config": {"stop_at_greedy": 0.35}},
+            }
+        )
+    )
+    monkeypatch.setattr(warmstart, "warm_start", lambda *a, **k: warm)
     settings = DemoSettings(
-        steps=1,
-        questions=2,
-        group_size=2,
-        eval_questions=4,
-        eval_samples=2,
+        overrides=(
+            "optim.steps=2",
+            "data.eval_every=1",
+            "rollout.questions_per_batch=2",
+            "rollout.group_size=2",
+            "optim.micro_batch_size=4",
+            "data.eval_questions=4",
+            "data.eval_samples=2",
+        ),
         output_dir=str(tmp_path / "demo"),
     )
     result = run_demo(settings, progress=False)
     assert [r.method for r in result.rows] == ["all tokens", "ETS top 20%", "GMTS top 20%"]
     assert [round(r.selected_fraction, 1) for r in result.rows][0] == 1.0
     assert all(0.2 <= r.selected_fraction < 0.5 for r in result.rows[1:])
+    for row, score in zip(result.rows, ("none", "entropy", "gmts")):
+        assert len(read_metrics(tmp_path / "demo" / score)) == 2
+        assert sorted(row.curve) == [0, 1, 2]  # before, every step, after
+        assert row.curve[0] == result.rows[0].curve[0]  # one evaluation of the warm start
+        a0, a1, a2 = (a for _, a in row.average(2))
+        assert row.area_mean(2) == pytest.approx((a0 + 2 * a1 + a2) / 4)
     table = format_table(result)
-    assert "GMTS top 20%" in table and "avg@2 before" in table
-    for score in ("none", "entropy", "gmts"):
-        assert len(read_metrics(tmp_path / "demo" / score)) == 1
+    assert "GMTS top 20%" in table and "average@2" in table and "greedy accuracy 25.0%" in table
+    assert "7 supervised steps (stopped at 40% greedy on the check questions)" in table
+    result.warm_start["check_accuracy"] = 0.3  # a warm start that ran out of steps says so
+    assert "did NOT reach its 35% check target: 30%" in format_table(result)
+    assert (tmp_path / "demo" / "curves.png").stat().st_size > 0
+    assert f"xdg-open {tmp_path / 'demo' / 'curves.png'}" in table
+    with pytest.raises(ValueError, match="optim.nope"):
+        run_demo(DemoSettings(overrides=("optim.nope=1",)), progress=False)
+    with pytest.raises(ValueError, match="methods"):
+        DemoSettings(methods=("GRPO",))
+
+
+def test_demo_recipe_is_the_one_config_file():
+    """configs/demo.yaml is the packaged recipe itself (a link), not a second copy."""
+    from gmts.train.demo import DEMO_CONFIG, demo_recipe
+
+    shipped = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    assert shipped.resolve() == DEMO_CONFIG.resolve()
+    cfg = demo_recipe(["optim.lr=3e-4"])
+    assert cfg.optim.lr == 3e-4 and cfg.model.path == "embedded"
+
+
+def test_benchmark_setup_builds_on_the_demo_recipe(tmp_path, monkeypatch):
+    """benchmarks/tiny_setup.py changes only what a benchmark varies; the rest is demo.yaml."""
+    from gmts.train.demo import demo_recipe
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "tiny_setup.py"
+    spec = importlib.util.spec_from_file_location("tiny_setup", path)
+    tiny_setup = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "tiny_setup", tiny_setup)  # its dataclasses need it
+    spec.loader.exec_module(tiny_setup)
+    recipe = demo_recipe()
+    cfg = tiny_setup.train_config("m", tmp_path, score="gmts", steps=3)
+    assert (cfg.algorithm, cfg.optim.lr, cfg.selection.ratio) == (
+        recipe.algorithm,
+        recipe.optim.lr,
+        recipe.selection.ratio,
+    )
+    assert (cfg.rollout.questions_per_batch, cfg.rollout.group_size) == (
+        recipe.rollout.questions_per_batch,
+        recipe.rollout.group_size,
+    )
+    assert cfg.rollout.max_sampling_rounds == recipe.rollout.max_sampling_rounds
+    assert (cfg.selection.score, cfg.optim.steps, cfg.model.path) == ("gmts", 3, "m")
+    assert recipe.data.task == tiny_setup.TASK
+    other = tiny_setup.train_config("m", tmp_path, algorithm="grpo", lr=1e-3, ratio=0.5)
+    assert (other.algorithm, other.optim.lr, other.selection.ratio) == ("grpo", 1e-3, 0.5)
+    assert other.rollout.dynamic_sampling is False  # GRPO's default, not the recipe's DAPO one

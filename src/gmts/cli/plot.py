@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics",
         default=",".join(DEFAULT_METRICS),
-        help="Comma-separated metrics.jsonl keys, one panel each (default: %(default)s).",
+        help="Comma-separated keys of metrics.jsonl or eval.jsonl (e.g. average@16), one panel "
+        "each (default: %(default)s).",
     )
     parser.add_argument(
         "--smooth", type=int, default=1, help="Moving-average window in steps (default 1)."

@@ -1,11 +1,13 @@
-"""Learning curves from ``metrics.jsonl``: one panel per metric, one line per run."""
+"""Learning curves from ``metrics.jsonl`` and ``eval.jsonl``: one panel per metric, one line per
+run. A metric logged by the held-out evaluation (``average@16``, ``pass@16``) is read from
+``eval.jsonl`` and drawn with markers, unsmoothed; training metrics come from ``metrics.jsonl``."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from gmts.train.metrics_log import METRICS_FILE, read_metrics
+from gmts.train.metrics_log import EVAL_FILE, METRICS_FILE, read_metrics
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -22,6 +24,11 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _points(rows: list[dict], name: str) -> list[tuple[int, float]]:
+    """(step, value) of every row that logged ``name`` as a number."""
+    return [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
+
+
 def plot_runs(
     run_dirs: list[str | Path],
     out: str | Path,
@@ -30,19 +37,23 @@ def plot_runs(
     smooth: int = 1,
     labels: list[str] | None = None,
 ) -> Path:
-    """Write a PNG with ``metrics`` (panels) of every run in ``run_dirs`` (lines)."""
+    """Write a PNG with ``metrics`` (panels) of every run in ``run_dirs`` (lines).
+
+    A metric is read from ``metrics.jsonl`` (smoothed over ``smooth`` steps) or, where the run's
+    training rows do not have it, from ``eval.jsonl`` (held-out evaluations, unsmoothed).
+    """
     if not metrics:
         raise ValueError("--metrics: give at least one metric")
     if smooth < 1:
         raise ValueError(f"--smooth: must be >= 1 (1: no smoothing), got {smooth}")
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
-    runs = []
+    runs = []  # per run: (training rows, evaluation rows)
     for d in run_dirs:
-        rows = read_metrics(d)
-        if not rows:
-            raise ValueError(f"{d}: no {METRICS_FILE} with rows")
-        runs.append(rows)
+        rows, evals = read_metrics(d), read_metrics(d, EVAL_FILE)
+        if not rows and not evals:
+            raise ValueError(f"{d}: no {METRICS_FILE} or {EVAL_FILE} with rows")
+        runs.append((rows, evals))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,14 +63,18 @@ def plot_runs(
     nrows = math.ceil(len(metrics) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
     for ax, name in zip(axes.flat, metrics):
-        for i, rows in enumerate(runs):
-            pts = [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
-            if not pts:
-                continue
-            xs, ys = zip(*pts)
+        held_out = False
+        for i, (rows, evals) in enumerate(runs):
             label = labels[i] if labels else Path(run_dirs[i]).name
-            ax.plot(xs, _smooth(list(ys), smooth), label=label)
-        ax.set_title(name)
+            pts = _points(rows, name)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, _smooth(list(ys), smooth), label=label)
+            elif pts := _points(evals, name):
+                held_out = True
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        ax.set_title(f"{name} (held-out)" if held_out else name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(metrics) :]:

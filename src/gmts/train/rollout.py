@@ -6,8 +6,12 @@ EOS; the response mask is built from the lengths (EOS included), never from toke
 pad token equal to EOS is safe. Sampling draws from one ``torch.Generator`` seeded per call:
 the same seed gives the same rollouts.
 
-Two samplers are offered: a hand-written loop over ``model(..., past_key_values=...)`` (the
-default; faster on the tiny model, see the module's ``SAMPLERS`` note) and ``model.generate``.
+Two samplers are offered: a hand-written loop that feeds one token per step against a
+``transformers.DynamicCache`` (the default; faster on the tiny model, see the module's
+``SAMPLERS`` note) and ``model.generate``. The loop passes the cache object under the name the
+model's ``forward`` declares (``cache`` in current transformers, ``past_key_values`` up to about
+5.2x, where ``past_key_values`` now raises a FutureWarning) and never reads the deprecated output
+field: the cache is updated in place.
 """
 
 from __future__ import annotations
@@ -231,30 +235,41 @@ def _stop_ids(model: Any, tokenizer: Any, stop_token_ids: Sequence[int] | None) 
     return list(dict.fromkeys(stop))
 
 
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The named parameters of ``model.forward`` ({} when its signature cannot be read)."""
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        return inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        return False
+        return {}
 
 
 def _sample_cache_loop(
     model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, stop_ids, pad_id
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,)."""
+    """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,).
+
+    The prompt fills a fresh ``DynamicCache`` in one forward; each later forward feeds the last
+    token and appends its keys/values to the same cache object.
+    """
+    from transformers import DynamicCache
+
     rows = prompt_ids.shape[0]
     device = prompt_ids.device
     attention_mask = prompt_mask.long()  # (b, P), grows by one column per step
     positions = position_ids_from_mask(attention_mask)  # (b, P)
-    extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    parameters = _forward_parameters(model)
+    # transformers renamed the cache argument from past_key_values to cache (the old name warns)
+    cache_name = "cache" if "cache" in parameters else "past_key_values"
+    cache = {cache_name: DynamicCache(config=model.config)}
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
     out = model(
         input_ids=prompt_ids,
         attention_mask=attention_mask,
         position_ids=positions,
         use_cache=True,
+        **cache,
         **extra,
     )
-    past = out.past_key_values
     logits = out.logits[:, -1, :]  # (b, V)
     next_position = positions[:, -1:] + 1  # (b, 1)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -275,10 +290,9 @@ def _sample_cache_loop(
             input_ids=token[:, None],
             attention_mask=attention_mask,
             position_ids=next_position,
-            past_key_values=past,
             use_cache=True,
+            **cache,
         )
-        past = out.past_key_values
         logits = out.logits[:, -1, :]
         next_position = next_position + 1
     return torch.stack(tokens, dim=1), lengths
