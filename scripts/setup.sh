@@ -29,6 +29,8 @@ case "$profile" in
   demo) pip install -e ".[train,rewards]" ;;
   test)
     pip install -e ".[all]"
+    # The suite runs on the newest transformers (an existing .venv keeps an older one otherwise).
+    pip install --upgrade transformers
     # An older .venv may still hold verl from before it moved to .venv-verl: the verl tests
     # must skip here, not run against a stale install.
     pip uninstall -y verl >/dev/null 2>&1 || true

@@ -69,11 +69,22 @@ def load_model(path: str, cfg: TrainConfig, dtype: torch.dtype) -> Any:
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     if cfg.model.gradient_checkpointing:
-        # non-reentrant: the variant that works under FSDP2 and autocast
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _enable_activation_checkpointing(model)
         model.config.use_cache = False
     model.train()
     return model
+
+
+def _enable_activation_checkpointing(model: Any) -> None:
+    """Recompute activations in backward, non-reentrant (the variant that works under FSDP2 and
+    autocast), with the API of the installed transformers: ``activation_checkpointing_enable``
+    (transformers >= 5.2x; ``gradient_checkpointing_enable`` is deprecated there) or the older
+    name."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def load_policy(path: str, cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
