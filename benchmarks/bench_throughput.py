@@ -36,7 +36,7 @@ def _trl_trainer(model_path: Path, out_dir: Path, shape: StepShape, steps: int, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from gmts.data.tasks import get_task
+    from gmts.embedded.tasks import get_task
 
     task = get_task(TASK)
     problems = task.sample(shape.questions * steps, random.Random(f"bench-trl/{TASK}"))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 QWEN25_15B = "Qwen/Qwen2.5-1.5B"
-"""The shape used (gmts.train.known_models.KNOWN_MODELS holds its config.json fields)."""
+"""The shape used (gmts.scale.known_models.KNOWN_MODELS holds its config.json fields)."""
 
 
 def full_vocabulary_tokenizer(vocab_size: int):
@@ -26,7 +26,7 @@ def full_vocabulary_tokenizer(vocab_size: int):
     (17 ids) almost every sampled id would decode to nothing, so every completion would be
     the same empty string. With this one every sampled id shows up in the text.
     """
-    from gmts.data.tokenizer import END_TOKEN, TASK_ALPHABET, UNK_TOKEN, build_char_tokenizer
+    from gmts.embedded.tokenizer import END_TOKEN, TASK_ALPHABET, UNK_TOKEN, build_char_tokenizer
 
     extra, code = [], 0x100
     while len(extra) < vocab_size - len(TASK_ALPHABET) - 2:
@@ -47,8 +47,8 @@ def build(
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from gmts.data.tokenizer import build_char_tokenizer
-    from gmts.train.known_models import KNOWN_MODELS
+    from gmts.embedded.tokenizer import build_char_tokenizer
+    from gmts.scale.known_models import KNOWN_MODELS
 
     if (out_dir / "config.json").exists():
         return out_dir

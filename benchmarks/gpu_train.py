@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from gpu_model import build
 
+    from gmts.scale.memory_plan import GIB
     from gmts.train.config import load_config
-    from gmts.train.memory_plan import GIB
     from gmts.train.trainer import Trainer
 
     device = "cpu" if args.dry_run else "cuda"

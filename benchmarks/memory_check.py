@@ -1,4 +1,4 @@
-"""Check the memory plan (gmts.train.memory_plan) against measured peaks on the CPU.
+"""Check the memory plan (gmts.scale.memory_plan) against measured peaks on the CPU.
 
     python benchmarks/memory_check.py [--out benchmarks/results/memory_check.json] [--quick]
 
@@ -61,15 +61,15 @@ def child(
     from gmts.core.config import SelectionConfig
     from gmts.core.loss import LossConfig
     from gmts.core.objectives import ObjectiveConfig
+    from gmts.models.loading import load_model, load_tokenizer
+    from gmts.sampling.rollout import generate_rollouts
+    from gmts.scale.distributed import DistInfo
+    from gmts.scale.memory_plan import PlanSettings, plan_memory
+    from gmts.scale.precision import Precision
+    from gmts.scale.strategy import make_strategy
     from gmts.train.batch import TrainBatch
     from gmts.train.config import load_config
-    from gmts.train.distributed import DistInfo
-    from gmts.train.memory_plan import PlanSettings, plan_memory
-    from gmts.train.policy import load_model, load_tokenizer
-    from gmts.train.precision import Precision
-    from gmts.train.rollout import generate_rollouts
     from gmts.train.scoring import TokenScorer
-    from gmts.train.strategy import make_strategy
     from gmts.train.update import select_minibatch, update_minibatch
 
     torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
 The recipe is the demo's (``gmts/train/demo.yaml``, read through ``gmts.train.demo.demo_recipe``);
 a benchmark changes only what it measures. The model is the embedded task's warm start
-(``gmts.train.warmstart.warm_start``: a 0.4M parameter GPT-2 trained on noisy demonstrations,
+(``gmts.embedded.warmstart.warm_start``: a 0.4M parameter GPT-2 trained on noisy demonstrations,
 cached on disk), so rewards are mixed and dynamic sampling does not spin; one warm start serves
 every benchmark run.
 """
@@ -46,7 +46,7 @@ def warm_model_path(seed: int | None = None) -> Path:
     """
     import os
 
-    from gmts.train.warmstart import warm_start
+    from gmts.embedded.warmstart import warm_start
 
     override = os.environ.get("GMTS_BENCH_MODEL")
     if override:

@@ -37,7 +37,7 @@ def test_errors_name_the_problem() -> None:
 def test_library_registries_share_the_wording() -> None:
     from gmts.core.scores import get_score
     from gmts.data.prompts import get_template
-    from gmts.data.tasks import get_task
+    from gmts.embedded.tasks import get_task
     from gmts.eval.backends import make_backend
     from gmts.rewards.registry import get_reward
 

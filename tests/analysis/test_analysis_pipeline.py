@@ -13,10 +13,10 @@ pytest.importorskip("transformers")
 from gmts.analysis.collect import analyze_rollout  # noqa: E402
 from gmts.analysis.gradnorms import token_gradient_norms  # noqa: E402
 from gmts.cli import main  # noqa: E402
-from gmts.data.tasks import get_task  # noqa: E402
-from gmts.data.tiny_model import TinyModelConfig, build_tiny_model  # noqa: E402
-from gmts.data.tokenizer import build_char_tokenizer  # noqa: E402
-from gmts.train.rollout import generate_rollouts  # noqa: E402
+from gmts.embedded.tasks import get_task  # noqa: E402
+from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model  # noqa: E402
+from gmts.embedded.tokenizer import build_char_tokenizer  # noqa: E402
+from gmts.sampling.rollout import generate_rollouts  # noqa: E402
 
 SMALL = TinyModelConfig(num_layers=1, hidden_size=32, num_heads=2, mlp_ratio=2, seed=3)
 

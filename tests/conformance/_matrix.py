@@ -246,10 +246,10 @@ def trainer(preset: str, algorithm: str) -> Cell:
     (micro-batches of 2 rows; the "trl" preset's unit, a micro-batch, is then the whole batch,
     as in the TRL engine here)."""
     from gmts.core.logprobs import TokenStatistics
+    from gmts.scale.distributed import DistInfo
+    from gmts.scale.precision import Precision
+    from gmts.scale.strategy import Replicate
     from gmts.train.batch import ScoredBatch
-    from gmts.train.distributed import DistInfo
-    from gmts.train.precision import Precision
-    from gmts.train.strategy import Replicate
     from gmts.train.update import select_minibatch, update_minibatch
 
     batch = fixed_batch()
@@ -309,8 +309,8 @@ def trl(preset: str, algorithm: str) -> Cell:
     from transformers import AutoTokenizer
     from trl import GRPOConfig  # noqa: F401  (TRL must import)
 
-    from gmts.data.tiny_model import TinyModelConfig, build_tiny_model
-    from gmts.data.tokenizer import build_char_tokenizer
+    from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
     from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer, gmts_args
 
     batch = fixed_batch()

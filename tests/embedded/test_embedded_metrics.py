@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gmts.eval.metrics import average_at_k, pass_at_k
+from gmts.core.metrics import average_at_k, pass_at_k
 
 
 def _pass_at_k_reference(correct: torch.Tensor, k: int) -> float:

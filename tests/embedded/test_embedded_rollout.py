@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gmts.data.tasks import Problem
-from gmts.data.tiny_model import TinyModelConfig, build_tiny_model
-from gmts.data.tokenizer import build_char_tokenizer
-from gmts.train.rollout import Rollout, generate_rollouts, position_ids_from_mask
+from gmts.embedded.tasks import Problem
+from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model
+from gmts.embedded.tokenizer import build_char_tokenizer
+from gmts.sampling.rollout import Rollout, generate_rollouts, position_ids_from_mask
 
 PROMPTS = ["7=", "12+5=", "123+456=", "99*9=", "1="]  # different lengths -> left padding
 

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from gmts.data.tiny_model import (
+from gmts.embedded.tiny_model import (
     RESIDUAL_PROJECTIONS,
     TinyModelConfig,
     _hf_config,
     build_tiny_model,
     init_weights,
 )
-from gmts.data.tokenizer import build_char_tokenizer
+from gmts.embedded.tokenizer import build_char_tokenizer
 
 ARCHS = ("gpt2", "llama", "qwen2")
 

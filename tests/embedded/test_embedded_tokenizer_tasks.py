@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from gmts.data.tasks import Problem, Task, available_tasks, get_task, is_held_out, register_task
-from gmts.data.tiny_model import TinyModelConfig, build_tiny_model
-from gmts.data.tokenizer import END_TOKEN, build_char_tokenizer
+from gmts.embedded.tasks import Problem, Task, available_tasks, get_task, is_held_out, register_task
+from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model
+from gmts.embedded.tokenizer import END_TOKEN, build_char_tokenizer
 
 
 def test_tokenizer_one_token_per_character_and_round_trip(tmp_path):
@@ -143,7 +143,7 @@ def test_tasks_module_stays_light():
 
     # the package may import what it likes; the task registry itself adds no transformers import
     code = (
-        "import sys, gmts.data; before = 'transformers' in sys.modules; import gmts.data.tasks; "
+        "import sys, gmts.data; before = 'transformers' in sys.modules; import gmts.embedded.tasks; "
         "print(before, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

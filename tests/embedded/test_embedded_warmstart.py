@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from gmts.data.tasks import get_task
-from gmts.data.tiny_model import TinyModelConfig
-from gmts.eval.task_eval import evaluate_task
-from gmts.train import warmstart
-from gmts.train.warmstart import WarmStartConfig, load_warm_start, warm_start
+from gmts.embedded import warmstart
+from gmts.embedded.evaluation import evaluate_task
+from gmts.embedded.tasks import get_task
+from gmts.embedded.tiny_model import TinyModelConfig
+from gmts.embedded.warmstart import WarmStartConfig, load_warm_start, warm_start
 
 SMALL = WarmStartConfig(
     steps=3,
@@ -67,7 +67,7 @@ def test_warm_start_stops_when_the_check_passes(tmp_path, monkeypatch):
     held-out ones); training stops at the first check that reaches it."""
     import dataclasses
 
-    from gmts.eval import task_eval
+    from gmts.embedded import evaluation as task_eval
 
     real = task_eval.evaluate_task
     held_out = {p.prompt for p in get_task("addition").held_out(SMALL.eval_questions)}
@@ -154,7 +154,7 @@ def test_default_warm_start_stops_early_with_headroom(tmp_path):
 def test_warm_start_batch_puts_the_loss_on_the_completion_only():
     import random
 
-    from gmts.data.tokenizer import build_char_tokenizer
+    from gmts.embedded.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     task = get_task("addition")

@@ -18,8 +18,8 @@ def _run(argv, capsys):
 @pytest.fixture(scope="module")
 def tiny_task_model_dir(tmp_path_factory):
     """The embedded tiny model (random weights) and char tokenizer, saved as an HF folder."""
-    from gmts.data.tiny_model import build_tiny_model
-    from gmts.data.tokenizer import build_char_tokenizer
+    from gmts.embedded.tiny_model import build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok)
@@ -63,7 +63,7 @@ def test_math500_end_to_end(tiny_chat_model_dir, shared_data, tmp_path, capsys):
 
 
 def test_builtin_task_end_to_end_and_resume(tiny_task_model_dir, tmp_path, capsys, monkeypatch):
-    import gmts.train.rollout as rollout
+    import gmts.sampling.rollout as rollout
 
     rows_generated = []
     real = rollout.generate_rollouts
@@ -167,7 +167,7 @@ def test_warm_started_demo_model_matches_its_own_evaluation(tmp_path, capsys):
     argmax flips when the cached model was scored with another thread count); the sampled
     average@16 must agree with its average@16 up to sampling noise.
     """
-    from gmts.train.warmstart import warm_start
+    from gmts.embedded.warmstart import warm_start
 
     model_dir = warm_start("addition", progress=False)
     info = json.loads((model_dir / "warmstart.json").read_text())

@@ -163,7 +163,7 @@ def test_raising_limit_reuses_done_questions(tmp_path):
 
 
 def test_builtin_task_gold_scores_100():
-    from gmts.data.tasks import get_task
+    from gmts.embedded.tasks import get_task
 
     problems = get_task("addition").held_out(6)
     gold = {p.prompt: p.answer for p in problems}

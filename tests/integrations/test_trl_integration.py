@@ -16,8 +16,8 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from gmts.core import SelectionConfig  # noqa: E402
-from gmts.data.tiny_model import TinyModelConfig, build_tiny_model  # noqa: E402
-from gmts.data.tokenizer import build_char_tokenizer  # noqa: E402
+from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model  # noqa: E402
+from gmts.embedded.tokenizer import build_char_tokenizer  # noqa: E402
 from gmts.integrations.trl import (  # noqa: E402
     GMTSGRPOConfig,
     GMTSGRPOTrainer,

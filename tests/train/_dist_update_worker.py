@@ -20,10 +20,10 @@ def main() -> None:
     from gmts.core.config import SelectionConfig
     from gmts.core.loss import LossConfig
     from gmts.core.objectives import ObjectiveConfig
-    from gmts.train.distributed import init_distributed, shutdown
-    from gmts.train.precision import Precision
+    from gmts.scale.distributed import init_distributed, shutdown
+    from gmts.scale.precision import Precision
+    from gmts.scale.strategy import Replicate
     from gmts.train.scoring import TokenScorer
-    from gmts.train.strategy import Replicate
     from gmts.train.update import select_minibatch, update_metrics, update_minibatch
 
     model_dir, batch_path, out_dir = sys.argv[1:4]

@@ -12,8 +12,8 @@ from gmts.train.config import load_config
 
 
 def save_tiny_model(path: Path, seed: int = 0) -> Path:
-    from gmts.data.tiny_model import TinyModelConfig, build_tiny_model
-    from gmts.data.tokenizer import build_char_tokenizer
+    from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=32, num_heads=2, seed=seed))
@@ -49,9 +49,9 @@ def rollout_batch(model: Any, tokenizer: Any, *, problem_seed: int, sample_seed:
     import random
 
     from gmts.core.advantages import group_advantages
-    from gmts.data.tasks import get_task
+    from gmts.embedded.tasks import get_task
+    from gmts.sampling.rollout import generate_rollouts
     from gmts.train.batch import TrainBatch
-    from gmts.train.rollout import generate_rollouts
     from gmts.train.scoring import TokenScorer
 
     problems = get_task("addition").sample(4, random.Random(problem_seed))

@@ -19,7 +19,7 @@ def main() -> None:
     spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
-    from gmts.train.distributed import shutdown
+    from gmts.scale.distributed import shutdown
     from gmts.train.trainer import train
 
     model_dir, run_dir, *rest = sys.argv[1:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gmts.cli import main
-from gmts.train.context import ContextError, ContextLimit, check_fits, context_limit
+from gmts.models.context import ContextError, ContextLimit, check_fits, context_limit
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))

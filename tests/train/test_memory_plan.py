@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from gmts.train.memory_plan import (
+from gmts.scale.memory_plan import (
     GIB,
     MemoryPlanError,
     PlanSettings,
     check_fits_device,
     plan_memory,
 )
-from gmts.train.model_cost import ModelShape, activation_cost
+from gmts.scale.model_cost import ModelShape, activation_cost
 
 
 def _configs():
@@ -66,7 +66,7 @@ def test_activation_cost_scales_back_from_the_narrow_copy():
         vocab_size=300,
     )
     narrowed = activation_cost(wide, "float32")
-    from gmts.train import model_cost
+    from gmts.scale import model_cost
 
     assert model_cost._narrow_config(wide, 1)[1] == 2  # the probe did narrow it
     unnarrowed = model_cost._activation_cost(wide.to_json_string(), "Qwen2Config", "float32", 1)

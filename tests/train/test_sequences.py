@@ -1,12 +1,12 @@
-"""Rollout and TrainBatch share one definition of the model inputs (gmts.train.sequences)."""
+"""Rollout and TrainBatch share one definition of the model inputs (gmts.sampling.sequences)."""
 
 from __future__ import annotations
 
 import torch
 
+from gmts.sampling.rollout import Rollout
+from gmts.sampling.sequences import position_ids_from_mask
 from gmts.train.batch import TrainBatch
-from gmts.train.rollout import Rollout
-from gmts.train.sequences import position_ids_from_mask
 
 
 def test_rollout_and_train_batch_give_the_model_the_same_inputs() -> None:

@@ -60,7 +60,7 @@ def test_each_algorithm_and_selection_updates_and_selects_the_ratio(
 
 def _fixed_batch(model_dir: Path):
     """A rollout batch of the tiny model with statistics, for update-level tests."""
-    from gmts.train.policy import load_policy
+    from gmts.models.loading import load_policy
 
     cfg = _tiny.small_config(model_dir, model_dir.parent / "unused")
     model, tokenizer = load_policy(str(model_dir), cfg, torch.device("cpu"))
@@ -72,10 +72,10 @@ def _select_and_update(model, optimizer, batch, objective, selection, micro):
     """What Trainer.train_step does with one mini-batch: current scores, one selection, one
     update (returns the result and the selection)."""
     from gmts.core.loss import LossConfig
-    from gmts.train.distributed import DistInfo
-    from gmts.train.precision import Precision
+    from gmts.scale.distributed import DistInfo
+    from gmts.scale.precision import Precision
+    from gmts.scale.strategy import Replicate
     from gmts.train.scoring import TokenScorer
-    from gmts.train.strategy import Replicate
 
     scorer, info = TokenScorer(), DistInfo()
     current = scorer.no_grad(model, batch, micro_batch_size=micro)
@@ -249,11 +249,11 @@ def test_update_in_one_pass_equals_scoring_then_updating(tiny_dir):
     no-grad pass followed by select_minibatch + update_minibatch."""
     from gmts.core.config import SelectionConfig
     from gmts.core.loss import LossConfig
+    from gmts.scale.distributed import DistInfo
+    from gmts.scale.precision import Precision
+    from gmts.scale.strategy import Replicate
     from gmts.train.batch import TrainBatch
-    from gmts.train.distributed import DistInfo
-    from gmts.train.precision import Precision
     from gmts.train.scoring import TokenScorer
-    from gmts.train.strategy import Replicate
 
     selection = SelectionConfig(score="gmts", ratio=0.2)
     model, scored, cfg = _fixed_batch(tiny_dir)
@@ -329,7 +329,7 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
     shared step-0 evaluation, the intermediate ones, a curve per run, the table and the plot."""
     import shutil
 
-    import gmts.train.warmstart as warmstart
+    import gmts.embedded.warmstart as warmstart
     from gmts.train.demo import DemoSettings, format_table, run_demo
 
     warm = Path(shutil.copytree(tiny_dir, tmp_path / "warm"))

@@ -1,7 +1,7 @@
 """Per-token analysis: exact gradient norms, the paper's Figures 2-3 as numbers, plots, HTML.
 
 Torch-only modules are imported here; ``gmts.analysis.plots`` (matplotlib) and
-``gmts.analysis.html`` are imported on use. ``gmts.train.rollout`` (transformers) is imported
+``gmts.analysis.html`` are imported on use. ``gmts.sampling.rollout`` (transformers) is imported
 only by :func:`sample_and_analyze` when it runs.
 """
 

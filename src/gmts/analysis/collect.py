@@ -118,7 +118,7 @@ def analyze_rollout(
     std_normalize: bool = True,
     method: str = "auto",
 ) -> TokenAnalysis:
-    """Measure every response token of ``rollout`` (a :class:`gmts.train.rollout.Rollout`).
+    """Measure every response token of ``rollout`` (a :class:`gmts.sampling.rollout.Rollout`).
 
     Args:
         model: the policy that sampled the rollout (eval mode is set here and restored).
@@ -245,7 +245,7 @@ def sample_and_analyze(
     """Sample ``samples`` answers for each of ``questions`` problems of ``task``, then measure.
 
     Args:
-        task: a :class:`gmts.data.tasks.Task` (``sample``, ``reward``, ``max_new_tokens``).
+        task: a :class:`gmts.embedded.tasks.Task` (``sample``, ``reward``, ``max_new_tokens``).
         questions: K >= 1; samples: G >= 2 (a group needs two answers for an advantage).
         seed: draws the problems and seeds the sampler.
         max_new_tokens: generation budget (default: the task's).
@@ -254,7 +254,7 @@ def sample_and_analyze(
         raise ValueError(f"questions: must be >= 1, got {questions}")
     if samples < 2:
         raise ValueError(f"samples: must be >= 2 (group-normalised advantages), got {samples}")
-    from gmts.train.rollout import generate_rollouts
+    from gmts.sampling.rollout import generate_rollouts
 
     problems = task.sample(questions, random.Random(seed))
     start = time.perf_counter()

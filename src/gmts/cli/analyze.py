@@ -114,7 +114,7 @@ def resolve_model_dir(args: argparse.Namespace) -> Path:
             return resolve_model_path(args.run)
         except ModelPathError as exc:
             raise ValueError(f"--run: {exc}") from None
-    from gmts.train.warmstart import warm_start
+    from gmts.embedded.warmstart import warm_start
 
     return Path(warm_start(args.task, seed=0, progress=sys.stderr.isatty()))
 
@@ -182,7 +182,7 @@ def _check_context(model_dir: Path, tokenizer: Any, task: Any, args: argparse.Na
     """The task's longest prompt + the budget must fit the model (config.json only)."""
     import random
 
-    from gmts.train.context import check_fits, longest_prompt, read_limit
+    from gmts.models.context import check_fits, longest_prompt, read_limit
 
     prompts = [p.prompt for p in task.sample(64, random.Random(args.seed))]
     check_fits(
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts.analysis.collect import sample_and_analyze
     from gmts.analysis.report import build_report, selections
-    from gmts.data.tasks import get_task
+    from gmts.embedded.tasks import get_task
 
     try:
         task = get_task(args.task)

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gmts.train.precision import export_model
+    from gmts.scale.precision import export_model
 
     try:
         out = export_model(args.source, args.out, args.dtype)

@@ -5,8 +5,8 @@
     gmts plan --shipped configs --markdown               # docs/training.md's table
 
 Reads only the model's config.json (a hub id that cannot be reached falls back to the
-transcribed shapes of gmts.train.known_models). The plan is what ``gmts train`` prints at start
-and enforces on CUDA; see gmts.train.memory_plan for what it counts.
+transcribed shapes of gmts.scale.known_models). The plan is what ``gmts train`` prints at start
+and enforces on CUDA; see gmts.scale.memory_plan for what it counts.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _plan(cfg, gpus: int):
     """(plan, where the model shape came from) of a TrainConfig on ``gpus`` ranks."""
+    from gmts.scale.known_models import model_config
+    from gmts.scale.memory_plan import PlanSettings, plan_memory
     from gmts.train.config import DATASET_MAX_NEW_TOKENS
-    from gmts.train.known_models import model_config
-    from gmts.train.memory_plan import PlanSettings, plan_memory
 
     if cfg.model.path == "embedded":
-        from gmts.train.policy import resolve_model_path
+        from gmts.models.loading import resolve_model_path
 
         path = resolve_model_path(cfg, progress=sys.stderr.isatty())
     else:
@@ -50,7 +50,7 @@ def _plan(cfg, gpus: int):
     config, source = model_config(path, cfg.model.trust_remote_code)
     r = cfg.rollout
     if cfg.data.dataset is None:
-        from gmts.data.tasks import get_task
+        from gmts.embedded.tasks import get_task
 
         task = get_task(cfg.data.task)
         prompt, response = task.prompt_length, r.max_response_length or task.max_new_tokens
@@ -70,8 +70,8 @@ def _plan(cfg, gpus: int):
 
 def shipped_table(configs_dir: Path, markdown: bool = True) -> str:
     """Peak GiB per rank of every ``<configs_dir>/*/base.yaml`` on the :data:`SETUPS`."""
+    from gmts.scale.memory_plan import DEVICE_HEADROOM, GIB
     from gmts.train.config import load_config
-    from gmts.train.memory_plan import DEVICE_HEADROOM, GIB
 
     head = ["config", "model", "strategy"] + [f"{n}x{g:g} GiB" for n, g in SETUPS]
     rows = []
@@ -97,8 +97,8 @@ def shipped_table(configs_dir: Path, markdown: bool = True) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gmts.scale.memory_plan import GIB, MemoryPlanError, check_fits_device
     from gmts.train.config import load_config
-    from gmts.train.memory_plan import GIB, MemoryPlanError, check_fits_device
 
     try:
         if args.shipped:

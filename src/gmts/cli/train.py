@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, SandboxUnavailableError) as exc:
             print(f"gmts train: error: {exc}", file=sys.stderr)
             return 2
-    from gmts.train.distributed import shutdown
+    from gmts.scale.distributed import shutdown
     from gmts.train.trainer import train
 
     try:

@@ -1,4 +1,5 @@
-"""The torch-only core of gmts: token statistics, omega, scores, selection, losses, configs."""
+"""The torch-only core of gmts: token statistics, omega, scores, selection, losses, advantages,
+average@k / pass@k, configs."""
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
 from gmts.core.aggregation import (
@@ -17,6 +18,7 @@ from gmts.core.logprobs import (
     token_statistics_from_hidden,
 )
 from gmts.core.loss import LossConfig, LossDenominators, TokenSums, policy_loss
+from gmts.core.metrics import average_at_k, pass_at_k
 from gmts.core.objectives import (
     OBJECTIVE_PRESETS,
     ObjectiveConfig,
@@ -60,11 +62,13 @@ __all__ = [
     "TokenSums",
     "available_aggregations",
     "available_scores",
+    "average_at_k",
     "compute_scores",
     "dynamic_sampling_keep",
     "get_aggregation",
     "get_score",
     "gradient_coefficient",
+    "pass_at_k",
     "group_advantages",
     "policy_loss",
     "register_aggregation",

@@ -1,4 +1,2 @@
-"""Data: benchmark loaders (`gmts.data.datasets`), prompt templates, built-in tasks, tiny model.
-
-Nothing heavy is imported here; import the submodule you need.
-"""
+"""Data: benchmark file loaders (``gmts.data.datasets``) and prompt templates
+(``gmts.data.prompts``). Nothing heavy is imported here; import the submodule you need."""

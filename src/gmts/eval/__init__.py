@@ -1,5 +1,3 @@
-"""Evaluation: average@k / pass@k (torch only) and the task harness (``gmts.eval.task_eval``)."""
-
-from gmts.eval.metrics import average_at_k, pass_at_k
-
-__all__ = ["average_at_k", "pass_at_k"]
+"""Evaluation: the benchmark harness (``harness``), generation backends (``backends``), the
+benchmark registry (``benchmarks``), the resumable results store and the paper-layout report.
+average@k / pass@k live in the core (``gmts.average_at_k``, ``gmts.pass_at_k``)."""

@@ -5,7 +5,7 @@ signature (:class:`GenerationBackend`), so the harness never special-cases one; 
 fake. ``temperature == 0`` means greedy decoding.
 
 - ``hf``: Hugging Face ``transformers`` on CPU or GPU, sampling through
-  :func:`gmts.train.rollout.generate_rollouts`, the same KV-cached sampler training uses.
+  :func:`gmts.sampling.rollout.generate_rollouts`, the same KV-cached sampler training uses.
 - ``vllm``: vLLM's offline ``LLM.generate`` when the package is installed (import guarded).
 
 Also here: :func:`resolve_model_path`, the model-directory layouts ``gmts eval`` accepts, and
@@ -70,7 +70,7 @@ def resolve_model_path(path: str | os.PathLike[str]) -> Path:
     Accepted layouts, tried in this order:
 
     1. ``path/config.json``: a Hugging Face model folder (``save_pretrained``), e.g. the
-       folder returned by ``gmts.train.warmstart.warm_start``.
+       folder returned by ``gmts.embedded.warmstart.warm_start``.
     2. ``path/model/config.json``: a gmts checkpoint (``<run>/checkpoints/step_000100``) or
        any folder holding the model in ``model/``.
     3. ``path/checkpoints/step_*/model/config.json``: a gmts training run; the checkpoint with
@@ -117,12 +117,12 @@ def check_benchmarks_fit(
     benchmark's longest formatted prompt + its generation budget fits the model's context.
 
     Raises:
-        gmts.train.context.ContextError: naming the benchmark, the numbers and the flags.
+        gmts.models.context.ContextError: naming the benchmark, the numbers and the flags.
     """
     from transformers import AutoTokenizer
 
     from gmts.eval.benchmarks import get_spec, load_eval_benchmark
-    from gmts.train.context import check_fits, longest_prompt, read_limit
+    from gmts.models.context import check_fits, longest_prompt, read_limit
 
     path = resolve_model_path(model_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -197,7 +197,7 @@ class HFBackend:
         self.model.to(self.device).eval()
         self.batch_size = batch_size
         self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
-        from gmts.train.context import context_limit
+        from gmts.models.context import context_limit
 
         self.context = context_limit(self.model.config, self.tokenizer, str(self.model_path))
 
@@ -210,9 +210,9 @@ class HFBackend:
         max_new_tokens: int,
         seed: int,
     ) -> list[list[str]]:
-        from gmts.data.tasks import Problem
-        from gmts.train.context import check_fits, longest_prompt
-        from gmts.train.rollout import generate_rollouts
+        from gmts.embedded.tasks import Problem
+        from gmts.models.context import check_fits, longest_prompt
+        from gmts.sampling.rollout import generate_rollouts
 
         check_fits(  # a clear error instead of an IndexError deep in the position embedding
             prompt_tokens=longest_prompt(self.tokenizer, prompts),

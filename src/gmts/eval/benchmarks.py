@@ -1,7 +1,7 @@
 """What ``gmts eval`` knows about each benchmark: prompt template, verifier, decoding, budget.
 
 A :class:`BenchmarkSpec` per benchmark name of :func:`gmts.data.datasets.load_benchmark`,
-plus ``builtin:<task>`` for the embedded arithmetic tasks of :mod:`gmts.data.tasks`. The
+plus ``builtin:<task>`` for the embedded arithmetic tasks of :mod:`gmts.embedded.tasks`. The
 paper's protocol: math and commonsense benchmarks are sampled (average@16 at temperature 1.0);
 code benchmarks are decoded greedily and scored pass@1.
 
@@ -95,7 +95,7 @@ def _loader_names() -> list[str]:
 
 
 def _task_names() -> list[str]:
-    from gmts.data.tasks import available_tasks
+    from gmts.embedded.tasks import available_tasks
 
     return list(available_tasks())
 
@@ -112,7 +112,7 @@ def get_spec(name: str) -> BenchmarkSpec:
     if name.startswith(BUILTIN_PREFIX):
         task_name = name[len(BUILTIN_PREFIX) :]
         if task_name in _task_names():
-            from gmts.data.tasks import get_task
+            from gmts.embedded.tasks import get_task
 
             task = get_task(task_name)
             return BenchmarkSpec(name, name, "plain", "task", "sample", task.max_new_tokens)
@@ -280,7 +280,7 @@ def load_eval_benchmark(
     spec = get_spec(name)
     backend = code_sandbox([name], sandbox)  # checked before loading anything
     if spec.verifier == "task":
-        from gmts.data.tasks import get_task
+        from gmts.embedded.tasks import get_task
 
         task = get_task(name[len(BUILTIN_PREFIX) :])
         problems = task.held_out(limit or 200)

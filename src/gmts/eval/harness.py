@@ -9,7 +9,7 @@ JSONL store (:mod:`gmts.eval.results_store`) at once; a rerun skips the chunks w
 are all recorded.
 
 Metrics: sampled benchmarks report average@n, the mean over questions of the mean reward of
-the question's n samples (:func:`gmts.eval.metrics.average_at_k`); greedy (code) benchmarks
+the question's n samples (:func:`gmts.core.metrics.average_at_k`); greedy (code) benchmarks
 report pass@1 with one greedy completion per question.
 """
 
@@ -140,7 +140,7 @@ def evaluate_benchmark(
     progress: bool = True,
 ) -> BenchmarkResult:
     """Generate, verify and score every question of ``bench`` not yet in ``store``."""
-    from gmts.eval.metrics import average_at_k
+    from gmts.core.metrics import average_at_k
 
     spec = bench.spec
     n, temperature, metric = decoding_for(spec.name, config)

@@ -1,2 +1,3 @@
-"""Training: rollout, warm start, the RLVR trainer. Import submodules directly
-(``gmts.train.rollout``, ``gmts.train.warmstart``); this package imports nothing heavy."""
+"""The standalone RLVR trainer: the config schema, the step (collect, score, select, update),
+checkpoints and the metrics log. Import submodules directly (``gmts.train.trainer``); this
+package imports nothing heavy."""

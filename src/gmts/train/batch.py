@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from gmts.core.logprobs import TokenStatistics
-from gmts.train.sequences import PromptResponse
+from gmts.sampling.sequences import PromptResponse
 
 _Batch = TypeVar("_Batch", bound="TrainBatch")
 
@@ -36,7 +36,7 @@ class TrainBatch(PromptResponse):
         group_ids: ``(B,)`` long, consecutive rows of a group share one id.
 
     ``input_ids``, ``attention_mask`` and ``position_ids`` come from
-    :class:`gmts.train.sequences.PromptResponse`, as for the rollout it was built from.
+    :class:`gmts.sampling.sequences.PromptResponse`, as for the rollout it was built from.
     """
 
     prompt_ids: torch.Tensor
@@ -51,7 +51,7 @@ class TrainBatch(PromptResponse):
     def from_rollout(
         cls, roll: Any, rewards: torch.Tensor, advantages: torch.Tensor, group_offset: int = 0
     ) -> TrainBatch:
-        """The batch of a :class:`gmts.train.rollout.Rollout` with ``(B,)`` rewards and
+        """The batch of a :class:`gmts.sampling.rollout.Rollout` with ``(B,)`` rewards and
         advantages; ``group_offset`` shifts the group ids (this rank's first global group)."""
         return cls(
             prompt_ids=roll.prompt_ids,

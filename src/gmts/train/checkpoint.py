@@ -123,7 +123,7 @@ def _restore_architecture(folder: Path, model: Any) -> None:
     ``FSDP<name>``, which no loader knows. Write the model's own class name back."""
     import json
 
-    from gmts.train.fsdp import unwrapped_class_name
+    from gmts.scale.fsdp import unwrapped_class_name
 
     name = unwrapped_class_name(model)
     path = folder / "config.json"

@@ -11,9 +11,9 @@ import torch
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
 from gmts.rewards.sandbox import SandboxUnavailableError
+from gmts.scale.distributed import DistInfo, all_reduce_sum
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
-from gmts.train.distributed import DistInfo, all_reduce_sum
 from gmts.train.sources import QuestionSource, RewardFn
 
 
@@ -134,7 +134,7 @@ def collect_batch(
     rounds, so the sources stay identical) until every rank is full or
     ``max_sampling_rounds`` is reached; then dropped groups top the batch up.
     """
-    from gmts.train.rollout import Rollout, generate_rollouts
+    from gmts.sampling.rollout import Rollout, generate_rollouts
 
     G = r.group_size
     n_local = r.questions_per_batch // info.world_size

@@ -75,7 +75,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str = _f(
-        "addition", "Built-in verifiable task (gmts.data.tasks) used when data.dataset is null."
+        "addition", "Built-in verifiable task (gmts.embedded.tasks) used when data.dataset is null."
     )
     dataset: str | None = _f(
         None,
@@ -112,7 +112,7 @@ class DataConfig:
         from gmts.rewards.sandbox import BACKENDS as SANDBOX_BACKENDS
 
         if self.dataset is None:
-            from gmts.data.tasks import available_tasks
+            from gmts.embedded.tasks import available_tasks
 
             _check(
                 self.task in available_tasks(),
@@ -263,7 +263,7 @@ class DistributedConfig:
     )
 
     def __post_init__(self) -> None:
-        from gmts.train.strategy import available_strategies
+        from gmts.scale.strategy import available_strategies
 
         _check(
             self.strategy in available_strategies(),

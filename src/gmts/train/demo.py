@@ -2,7 +2,7 @@
 
 The recipe is ``demo.yaml`` next to this file (the one copy; ``configs/demo.yaml`` links to it).
 The three policies differ only in ``selection.score``: they start from the same cached warm
-start (gmts.train.warmstart), see the same questions in the same order (same seed) and get the
+start (gmts.embedded.warmstart), see the same questions in the same order (same seed) and get the
 same budget (steps x questions x samples). Held-out average@k is measured before training, every
 ``data.eval_every`` steps and at the end, on the task's reserved questions: the table prints that
 learning curve and its mean over training (area under the curve / steps), and the curves are
@@ -42,7 +42,7 @@ class DemoSettings:
         overrides: ``section.field=value`` items applied to ``demo.yaml`` (as for gmts train).
         output_dir: the runs go to ``<output_dir>/<selection.score>``, the plot to
             ``<output_dir>/curves.png``.
-        cache_dir: warm-start cache (None: ``gmts.train.warmstart.default_cache_dir()``).
+        cache_dir: warm-start cache (None: ``gmts.embedded.warmstart.default_cache_dir()``).
         methods: a subset of ``METHODS``, in table order.
     """
 
@@ -125,9 +125,9 @@ def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> 
 
     import torch
 
+    from gmts.embedded.warmstart import INFO_FILE, warm_start
     from gmts.train.metrics_log import EVAL_FILE, read_metrics
     from gmts.train.trainer import Trainer
-    from gmts.train.warmstart import INFO_FILE, warm_start
 
     settings = settings or DemoSettings()
     base = demo_recipe(settings.overrides)  # a bad override fails here, before any work

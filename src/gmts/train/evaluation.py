@@ -25,9 +25,9 @@ def evaluate_policy(
     """Sample ``k`` answers for each of ``n_questions`` held-out questions of ``task``.
 
     Returns ``{"average@k": ..., "pass@k": ..., "questions": n}`` (k written out, e.g.
-    ``average@16``), computed by :func:`gmts.eval.task_eval.evaluate_task`.
+    ``average@16``), computed by :func:`gmts.embedded.evaluation.evaluate_task`.
     """
-    from gmts.eval.task_eval import evaluate_task
+    from gmts.embedded.evaluation import evaluate_task
 
     result = evaluate_task(
         model,

@@ -20,7 +20,7 @@ import torch
 from gmts.core.config import SelectionConfig
 from gmts.core.logprobs import TokenStatistics, token_statistics
 from gmts.core.scores import score_requirements
-from gmts.train.sequences import PromptResponse
+from gmts.sampling.sequences import PromptResponse
 
 
 def micro_slices(num_rows: int, size: int) -> Iterator[slice]:

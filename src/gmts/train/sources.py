@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from gmts.data.tasks import Problem
+from gmts.embedded.tasks import Problem
 
 RewardFn = Callable[[str, str], float]
 

@@ -35,28 +35,29 @@ import torch
 
 from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig
-from gmts.train import checkpoint as ckpt
-from gmts.train.batch import ScoredBatch
-from gmts.train.collect import CollectedBatch, collect_batch
-from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, config_to_dict, dump_yaml
-from gmts.train.context import check_fits, context_limit, longest_prompt
-from gmts.train.distributed import (
+from gmts.models.context import check_fits, context_limit, longest_prompt
+from gmts.models.loading import load_model, load_tokenizer, resolve_model_path
+from gmts.scale.distributed import (
     DistInfo,
     all_reduce_sum,
     barrier,
     init_distributed,
     resolve_device,
 )
-from gmts.train.memory_plan import (
+from gmts.scale.memory_plan import (
     GIB,
     MemoryPlan,
     PlanSettings,
     check_fits_device,
     plan_memory,
 )
+from gmts.scale.precision import Precision
+from gmts.scale.strategy import make_strategy
+from gmts.train import checkpoint as ckpt
+from gmts.train.batch import ScoredBatch
+from gmts.train.collect import CollectedBatch, collect_batch
+from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, config_to_dict, dump_yaml
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
-from gmts.train.policy import load_model, load_tokenizer, resolve_model_path
-from gmts.train.precision import Precision
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.sources import (
     DatasetSource,
@@ -66,7 +67,6 @@ from gmts.train.sources import (
     dataset_reward,
     load_examples,
 )
-from gmts.train.strategy import make_strategy
 from gmts.train.update import (
     Overlap,
     UpdateResult,
@@ -133,7 +133,7 @@ class Trainer:
         self.task = None
         examples = None
         if cfg.data.dataset is None:
-            from gmts.data.tasks import get_task
+            from gmts.embedded.tasks import get_task
 
             self.task = get_task(cfg.data.task)
             self.source: QuestionSource = TaskSource(self.task, cfg.seed)
@@ -251,7 +251,7 @@ class Trainer:
 
     def _check_context(self, model_config: Any, path: str) -> int:
         """The longest prompt in tokens, after checking that it plus the generation budget fits
-        the model's positions (:mod:`gmts.train.context`); raises ContextError otherwise."""
+        the model's positions (:mod:`gmts.models.context`); raises ContextError otherwise."""
         cfg = self.cfg
         limit = context_limit(model_config, self.tokenizer, where=path)
         if isinstance(self.source, DatasetSource):

@@ -29,10 +29,10 @@ from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig, TokenSums, policy_loss
 from gmts.core.objectives import ObjectiveConfig
 from gmts.core.step import select_for_update
+from gmts.scale.distributed import DistInfo, all_reduce_sum
+from gmts.scale.strategy import Strategy
 from gmts.train.batch import ScoredBatch, TrainBatch
-from gmts.train.distributed import DistInfo, all_reduce_sum
 from gmts.train.scoring import TokenScorer, micro_slices, needs_logit_grad_norm
-from gmts.train.strategy import Strategy
 
 OVERLAP_PARTNER = {"gmts": "entropy", "entropy": "gmts"}
 """The selection compared with for ``select/gmts_ets_jaccard``: GMTS with ETS and back."""

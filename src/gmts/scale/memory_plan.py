@@ -16,10 +16,10 @@ bytes each rank needs in the four phases of a training step and takes the larges
 Each phase is the larger of the moments it passes through (e.g. the prefill vs the last
 decoding step), not the sum of everything it ever allocates. Where the numbers come from:
 
-- Parameter counts, activation and KV-cache bytes per token: :mod:`gmts.train.model_cost`
+- Parameter counts, activation and KV-cache bytes per token: :mod:`gmts.scale.model_cost`
   (exact counts on the meta device; activations measured on a narrow copy of the model).
 - The strategy's layout (what is sharded, what is gathered) comes from the strategy class
-  (:meth:`gmts.train.strategy.Strategy.layout`).
+  (:meth:`gmts.scale.strategy.Strategy.layout`).
 
 The plan is an estimate: allocator fragmentation, CUDA context and NCCL buffers are not in it
 (:data:`DEVICE_HEADROOM` leaves room for them when checking against a GPU). Its agreement with
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gmts.train.model_cost import ModelShape, activation_cost
+from gmts.scale.model_cost import ModelShape, activation_cost
 
 GIB = 2**30
 DEVICE_HEADROOM = 0.92
@@ -175,8 +175,8 @@ def _mode(settings: PlanSettings) -> str:
 
 def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     """The per-rank memory plan of training ``config``'s model with ``settings``."""
-    from gmts.train.precision import Precision
-    from gmts.train.strategy import STRATEGIES
+    from gmts.scale.precision import Precision
+    from gmts.scale.strategy import STRATEGIES
 
     shape = ModelShape.from_config(config)
     precision = Precision.from_name(settings.dtype)

@@ -92,5 +92,5 @@ def model_config(path: str, trust_remote_code: bool = False) -> tuple[Any, str]:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), path
     except OSError:
         if path in KNOWN_MODELS:
-            return known_config(path), f"{path} (transcribed shape, gmts.train.known_models)"
+            return known_config(path), f"{path} (transcribed shape, gmts.scale.known_models)"
         raise ValueError(f"model.path: cannot read the config of {path!r}") from None

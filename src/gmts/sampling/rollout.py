@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from gmts.train.sequences import PromptResponse, position_ids_from_mask
+from gmts.sampling.sequences import PromptResponse, position_ids_from_mask
 
 SAMPLERS = ("cache-loop", "generate")
 """Measured on the tiny model (2 CPU cores, 3,200 rows x 10 new tokens): see docs of
@@ -48,7 +48,7 @@ class Rollout(PromptResponse):
         pad_token_id: the id used for padding (may equal the EOS id).
 
     ``input_ids``, ``attention_mask`` and ``position_ids`` (the model's inputs) come from
-    :class:`gmts.train.sequences.PromptResponse`.
+    :class:`gmts.sampling.sequences.PromptResponse`.
     """
 
     prompt_ids: torch.Tensor

@@ -8,7 +8,7 @@ forward on the CPU in the run's precision; every tensor autograd saves is counte
 (parameters and their casts excluded), and so is the KV cache a no-grad forward leaves. Every
 such tensor of a decoder layer is linear in those widths, so the counts scale back up exactly.
 Attention is assumed to use a fused kernel (no length x length matrix), as SDPA does on CUDA.
-The memory plan (:mod:`gmts.train.memory_plan`) is built from these numbers.
+The memory plan (:mod:`gmts.scale.memory_plan`) is built from these numbers.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
         """Count the parameters of ``config``'s causal LM built on the meta device."""
-        from gmts.train.layers import decoder_layers
+        from gmts.scale.layers import decoder_layers
 
         model = _meta_model(config)
         params = sum(p.numel() for p in model.parameters())
@@ -178,7 +178,7 @@ def _saved_bytes(
 ) -> tuple[int, int]:
     """(bytes autograd saves in one forward of ``tokens`` tokens, bytes of one decoder-layer
     output vector per token)."""
-    from gmts.train.layers import decoder_layers
+    from gmts.scale.layers import decoder_layers
 
     param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}

@@ -9,7 +9,7 @@ Why: at the paper's learning rates (1e-6) an Adam update of a typical weight (~0
 below half a bf16 ulp (~6e-5 at 0.02), so bf16 parameters round the update away. verl keeps
 float32 master weights under FSDP mixed precision, TRL autocasts over float32 parameters.
 
-How the cast happens depends on the distributed strategy (:mod:`gmts.train.strategy`):
+How the cast happens depends on the distributed strategy (:mod:`gmts.scale.strategy`):
 ``replicate`` runs each pass under :meth:`Precision.autocast` (float32 parameters, bf16
 matmuls, autocast's per-region weight-cast cache), ``fsdp`` hands :meth:`Precision.fsdp_policy`
 to ``fully_shard`` (parameters all-gathered in bf16, gradients reduced in float32).

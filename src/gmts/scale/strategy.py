@@ -4,7 +4,7 @@
   gradients are summed over ranks with one all-reduce per optimizer step. About 16 bytes per
   parameter per rank (float32 weights, gradients, two Adam moments).
 - ``fsdp``: PyTorch's FSDP2 (``fully_shard`` per decoder layer plus the root,
-  :mod:`gmts.train.fsdp`): weights, gradients and the AdamW state are split over the ranks
+  :mod:`gmts.scale.fsdp`): weights, gradients and the AdamW state are split over the ranks
   (16 / N bytes per parameter), layers are all-gathered for their forward and backward.
 
 Both keep the update exact: the token selection and the loss denominator are global over the
@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 import torch
 
 from gmts._registry import Registry
-from gmts.train.distributed import DistInfo, all_reduce_gradients
-from gmts.train.memory_plan import Layout, PlanSettings
-from gmts.train.model_cost import ModelShape
-from gmts.train.precision import Precision
+from gmts.scale.distributed import DistInfo, all_reduce_gradients
+from gmts.scale.memory_plan import Layout, PlanSettings
+from gmts.scale.model_cost import ModelShape
+from gmts.scale.precision import Precision
 
 __all__ = ["Strategy", "Replicate", "STRATEGIES", "make_strategy", "available_strategies"]
 
@@ -35,7 +35,7 @@ class Strategy:
 
     Args:
         info: this process's place in the process group.
-        precision: the run's dtypes (:class:`gmts.train.precision.Precision`).
+        precision: the run's dtypes (:class:`gmts.scale.precision.Precision`).
         device: this rank's device.
     """
 
@@ -143,7 +143,7 @@ class Replicate(Strategy):
         all_reduce_gradients(params, self.info)
 
 
-import gmts.train.fsdp  # noqa: E402, F401  (registers "fsdp")
+import gmts.scale.fsdp  # noqa: E402, F401  (registers "fsdp")
 
 
 def available_strategies() -> list[str]:

@@ -18,7 +18,7 @@ def resolve_model_path(cfg: TrainConfig, progress: bool = False) -> str:
     """The model directory (or hub id) to load; raises ValueError with one line if missing."""
     path = cfg.model.path
     if path == "embedded":
-        from gmts.train.warmstart import warm_start
+        from gmts.embedded.warmstart import warm_start
 
         return str(warm_start(cfg.data.task, seed=cfg.seed, progress=progress))
     p = Path(path).expanduser()
@@ -50,7 +50,7 @@ def load_tokenizer(path: str, cfg: TrainConfig) -> Any:
 
 def load_model(path: str, cfg: TrainConfig, dtype: torch.dtype) -> Any:
     """The causal LM of ``path`` on the CPU in ``dtype``, dropout off, in training mode
-    (the strategy moves or shards it; :mod:`gmts.train.strategy`).
+    (the strategy moves or shards it; :mod:`gmts.scale.strategy`).
 
     The policy is loaded in float32 (its master weights) whatever ``model.dtype`` says; the
     frozen reference model in the compute dtype.

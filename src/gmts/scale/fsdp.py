@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from gmts.train.distributed import barrier
-from gmts.train.layers import decoder_layers
-from gmts.train.memory_plan import Layout, PlanSettings
-from gmts.train.model_cost import ModelShape
-from gmts.train.precision import Precision
-from gmts.train.strategy import STRATEGIES, Strategy
+from gmts.scale.distributed import barrier
+from gmts.scale.layers import decoder_layers
+from gmts.scale.memory_plan import Layout, PlanSettings
+from gmts.scale.model_cost import ModelShape
+from gmts.scale.precision import Precision
+from gmts.scale.strategy import STRATEGIES, Strategy
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[Any]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gmts._registry import Registry
-from gmts.data.tokenizer import END_TOKEN
+from gmts.embedded.tokenizer import END_TOKEN
 
 HELD_OUT_SEED = 1234
 """Default seed of ``Task.held_out``: the evaluation set every gmts command reports."""

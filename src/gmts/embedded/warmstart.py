@@ -1,7 +1,7 @@
 """Supervised warm start of the tiny model on noisy demonstrations, cached on disk.
 
 RLVR needs a policy that already gets some answers right, and room to improve. ``warm_start``
-trains the tiny model (``gmts.data.tiny_model``) on demonstrations of a built-in task whose
+trains the tiny model (``gmts.embedded.tiny_model``) on demonstrations of a built-in task whose
 answer digits are replaced by random digits with probability ``noise`` (0.3 by default), with the
 loss on the completion only (batch 128, AdamW 1e-3, 50 warm-up steps, clip 1.0; see
 ../shared/notes/embedded-task-calibration.md). It stops as soon as the greedy answer is right on
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from gmts.data.tiny_model import TinyModelConfig
+from gmts.embedded.tiny_model import TinyModelConfig
 
 INFO_FILE = "warmstart.json"
 _FORMAT_VERSION = 2  # bump when the training recipe changes in a way the settings do not show
@@ -124,7 +124,7 @@ def warm_start_settings(
     task_name: str, *, seed: int = 0, config: WarmStartConfig | None = None
 ) -> dict[str, Any]:
     """Everything that determines the warm-started model (what the cache key hashes)."""
-    from gmts.data.tasks import get_task
+    from gmts.embedded.tasks import get_task
 
     task = get_task(task_name)
     config = config or WarmStartConfig()
@@ -149,7 +149,7 @@ def warm_start(
     """Warm-start the tiny model on ``task_name`` (or reuse the cached result) and return its dir.
 
     Args:
-        task_name: a registered built-in task (``gmts.data.tasks.available_tasks()``).
+        task_name: a registered built-in task (``gmts.embedded.tasks.available_tasks()``).
         cache_dir: where results live (default ``default_cache_dir()``).
         seed: seeds the initialisation and the data order; the same seed gives the same model
             (on the same machine and thread count).
@@ -251,10 +251,10 @@ def _train(
 ) -> tuple[Any, Any, dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    from gmts.data.tasks import get_task
-    from gmts.data.tiny_model import build_tiny_model
-    from gmts.data.tokenizer import build_char_tokenizer
-    from gmts.eval.task_eval import evaluate_task
+    from gmts.embedded.evaluation import evaluate_task
+    from gmts.embedded.tasks import get_task
+    from gmts.embedded.tiny_model import build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
 
     task = get_task(task_name)
     noise = task.demo_noise if config.noise is None else config.noise

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gmts.eval.metrics import average_at_k, pass_at_k
+from gmts.core.metrics import average_at_k, pass_at_k
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def evaluate_task(
         batch_size: rows per generation chunk (None: all Q * n at once).
         seed: sampling seed; the same seed gives the same result.
     """
-    from gmts.train.rollout import generate_rollouts
+    from gmts.sampling.rollout import generate_rollouts
 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
