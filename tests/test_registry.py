@@ -38,7 +38,7 @@ def test_library_registries_share_the_wording() -> None:
     from gmts.core.scores import get_score
     from gmts.data.prompts import get_template
     from gmts.embedded.tasks import get_task
-    from gmts.eval.backends import make_backend
+    from gmts.eval.backends import BackendOptions, make_backend
     from gmts.rewards.registry import get_reward
 
     for lookup, kind in (
@@ -46,7 +46,7 @@ def test_library_registries_share_the_wording() -> None:
         (get_reward, "reward"),
         (get_template, "prompt template"),
         (get_task, "task"),
-        (lambda name: make_backend(name, "model"), "backend"),
+        (lambda name: make_backend(name, BackendOptions("model")), "backend"),
     ):
         with pytest.raises(ValueError, match=f"unknown {kind} 'nope'; valid {kind}s: "):
             lookup("nope")

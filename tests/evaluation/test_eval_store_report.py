@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from gmts.eval.backends import ModelPathError, group_completions, resolve_model_path
+from gmts.eval.backends import BackendOptions, group_completions
 from gmts.eval.harness import EvalConfig, derive_seed, partial_results_path
 from gmts.eval.report import format_table
 from gmts.eval.results_store import QuestionRecord, ResultsStore, SettingsMismatchError
+from gmts.models.loading import ModelPathError, resolve_model_path
 
 SETTINGS = {"model": "m", "n": 2, "temperature": 1.0}
 
@@ -98,18 +99,18 @@ def test_resolve_model_path_layouts(tmp_path):
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text("{}")
-    assert resolve_model_path(hf) == hf
+    assert resolve_model_path(hf) == str(hf)
     ckpt = tmp_path / "ckpt"
     (ckpt / "model").mkdir(parents=True)
     (ckpt / "model" / "config.json").write_text("{}")
-    assert resolve_model_path(ckpt) == ckpt / "model"
+    assert resolve_model_path(ckpt) == str(ckpt / "model")
     run = tmp_path / "run"
     for step in (9, 10, 100):
         d = run / "checkpoints" / f"step_{step:06d}" / "model"
         d.mkdir(parents=True)
         (d / "config.json").write_text("{}")
     (run / "checkpoints" / "step_000200.tmp-123" / "model").mkdir(parents=True)
-    assert resolve_model_path(run) == run / "checkpoints" / "step_000100" / "model"
+    assert resolve_model_path(run) == str(run / "checkpoints" / "step_000100" / "model")
 
 
 def test_group_completions_by_group_id():
@@ -196,7 +197,7 @@ def test_vllm_backend_wiring_with_a_stand_in_module(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", fake)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    backend = VLLMBackend(tmp_path, seed=3)
+    backend = VLLMBackend(BackendOptions(tmp_path, seed=3))
     assert calls["engine"]["model"] == str(tmp_path / "model") and backend.tokenizer == "tok"
     out = backend.generate(["a", "b"], n=2, temperature=0.0, max_new_tokens=7, seed=10)
     assert out == [["a-0", "a-1"], ["b-0", "b-1"]]
@@ -211,7 +212,7 @@ def test_vllm_backend_missing_package(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(ImportError, match="pip install vllm"):
-        VLLMBackend(tmp_path)
+        VLLMBackend(BackendOptions(tmp_path))
 
 
 def test_default_row_label():

@@ -141,9 +141,9 @@ def test_analyze_budget_beyond_the_positions(tiny_dir, tmp_path, capsys):
 
 
 def test_hf_backend_refuses_before_sampling(tiny_dir):
-    from gmts.eval.backends import HFBackend
+    from gmts.eval.backends import BackendOptions, HFBackend
 
-    backend = HFBackend(tiny_dir, device="cpu", dtype="float32")
+    backend = HFBackend(BackendOptions(tiny_dir, device="cpu", dtype="float32"))
     with pytest.raises(ContextError, match="hf backend"):
         backend.generate(["1" * 40], n=1, temperature=1.0, max_new_tokens=30, seed=0)
     assert len(backend.generate(["12+34="], n=2, temperature=1.0, max_new_tokens=5, seed=0)[0]) == 2

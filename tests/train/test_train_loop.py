@@ -60,10 +60,10 @@ def test_each_algorithm_and_selection_updates_and_selects_the_ratio(
 
 def _fixed_batch(model_dir: Path):
     """A rollout batch of the tiny model with statistics, for update-level tests."""
-    from gmts.models.loading import load_policy
+    from gmts.models.loading import load_model, load_tokenizer
 
     cfg = _tiny.small_config(model_dir, model_dir.parent / "unused")
-    model, tokenizer = load_policy(str(model_dir), cfg, torch.device("cpu"))
+    model, tokenizer = load_model(str(model_dir)), load_tokenizer(str(model_dir))
     batch = _tiny.rollout_batch(model, tokenizer, problem_seed=0, sample_seed=3)
     return model, batch, cfg
 

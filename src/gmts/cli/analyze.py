@@ -101,33 +101,17 @@ def _validate(args: argparse.Namespace) -> str | None:
 
 
 def resolve_model_dir(args: argparse.Namespace) -> Path:
-    """The model folder to load: --model, the newest checkpoint of --run, or the warm start."""
-    if args.model:
-        path = Path(args.model)
-        if not (path / "config.json").is_file():
-            raise ValueError(f"--model: {path} is not a Hugging Face model folder (no config.json)")
-        return path
-    if args.run:
-        from gmts.eval.backends import ModelPathError, resolve_model_path
+    """The model folder to load: --model, --run (the same layouts), or the task's warm start."""
+    from gmts.models.loading import EMBEDDED, ModelPathError, resolve_model_path
 
-        try:  # the same layouts as gmts eval --model: the run's newest checkpoint
-            return resolve_model_path(args.run)
-        except ModelPathError as exc:
-            raise ValueError(f"--run: {exc}") from None
-    from gmts.embedded.warmstart import warm_start
-
-    return Path(warm_start(args.task, seed=0, progress=sys.stderr.isatty()))
-
-
-def _device(name: str):
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device: {name} requested but CUDA is not available")
-    return device
+    flag, value = ("--model", args.model) if args.model else ("--run", args.run)
+    try:
+        path = resolve_model_path(
+            value or EMBEDDED, task=args.task, seed=0, progress=sys.stderr.isatty()
+        )
+    except ModelPathError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    return Path(path)
 
 
 SMALL_MODEL_PARAMETERS = 10_000_000
@@ -200,24 +184,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"gmts analyze: {error}", file=sys.stderr)
         return 2
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gmts.analysis.collect import sample_and_analyze
     from gmts.analysis.report import build_report, selections
     from gmts.embedded.tasks import get_task
+    from gmts.models.loading import load_model, load_tokenizer, pick_device, torch_dtype
 
     try:
         task = get_task(args.task)
-        device = _device(args.device)
+        device = pick_device(args.device)
         model_dir = resolve_model_dir(args)
         started = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir, pad_token=False)
         _check_context(model_dir, tokenizer, task, args)
     except ValueError as exc:
         print(f"gmts analyze: {exc}", file=sys.stderr)
         return 2
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
-    model.to(device).eval()
+    model = load_model(model_dir, dtype=torch_dtype(args.dtype), training=False).to(device)
     threads = args.threads or _default_threads(model, device)
     if threads:
         torch.set_num_threads(threads)

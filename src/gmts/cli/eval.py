@@ -114,10 +114,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(summaries))
         return 0
 
-    from gmts.eval.backends import ModelPathError, resolve_model_path
     from gmts.eval.benchmarks import BUILTIN_PREFIX, code_sandbox, parse_benchmarks
     from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
     from gmts.eval.results_store import ResultsStore
+    from gmts.models.loading import ModelPathError, resolve_model_path
     from gmts.rewards import SandboxUnavailableError
 
     # Validate everything cheap before loading a model.
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         store = ResultsStore(
             partial_results_path(out),
-            store_settings(str(model_path.resolve()), args.backend, config),
+            store_settings(str(Path(model_path).resolve()), args.backend, config),
             fresh=args.fresh,
         )
     except ValueError as err:  # other settings, or not a results file
@@ -197,22 +197,24 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
 
-    from gmts.eval.backends import make_backend
+    from gmts.eval.backends import BackendOptions, make_backend
 
-    kwargs = (
-        {"device": args.device, "dtype": args.dtype, "batch_size": config.batch_size}
-        if args.backend == "hf"
-        else {"dtype": args.dtype, "seed": args.seed}
+    options = BackendOptions(
+        model_path,
+        device=args.device,
+        dtype=args.dtype,
+        batch_size=config.batch_size,
+        seed=args.seed,
     )
     print(f"loading {model_path} ({args.backend} backend)", file=sys.stderr)
-    backend = make_backend(args.backend, model_path, **kwargs)
+    backend = make_backend(args.backend, options)
     try:
         report = evaluate(
             backend,
             benchmarks,
             config,
             model_name=name,
-            model_id=str(model_path.resolve()),
+            model_id=str(Path(model_path).resolve()),
             results_path=store,
             progress=not args.no_progress,
         )

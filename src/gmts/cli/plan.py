@@ -44,7 +44,9 @@ def _plan(cfg, gpus: int):
     if cfg.model.path == "embedded":
         from gmts.models.loading import resolve_model_path
 
-        path = resolve_model_path(cfg, progress=sys.stderr.isatty())
+        path = resolve_model_path(
+            cfg.model.path, task=cfg.data.task, seed=cfg.seed, progress=sys.stderr.isatty()
+        )
     else:
         path = cfg.model.path
     config, source = model_config(path, cfg.model.trust_remote_code)

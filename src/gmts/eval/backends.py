@@ -8,19 +8,58 @@ fake. ``temperature == 0`` means greedy decoding.
   :func:`gmts.sampling.rollout.generate_rollouts`, the same KV-cached sampler training uses.
 - ``vllm``: vLLM's offline ``LLM.generate`` when the package is installed (import guarded).
 
-Also here: :func:`resolve_model_path`, the model-directory layouts ``gmts eval`` accepts, and
-:func:`check_benchmarks_fit`, the context guard ``gmts eval`` runs before loading a model.
+Also here: :func:`check_benchmarks_fit`, the context guard ``gmts eval`` runs before loading a
+model. Model paths are resolved and models loaded by :mod:`gmts.models.loading`.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from gmts._registry import Registry
+from gmts.models.loading import (
+    load_model,
+    load_tokenizer,
+    pick_device,
+    resolve_model_path,
+    torch_dtype,
+)
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What every backend is built from (one type for all, so callers never special-case one);
+    each backend reads the fields that apply to it.
+
+    Attributes:
+        model_path: anything :func:`gmts.models.loading.resolve_model_path` accepts.
+        device: hf: "cpu", "cuda", "cuda:1" or "auto" (GPU when available).
+        dtype: "auto" (bfloat16 on GPU, float32 on CPU; vllm: its own choice), "float32",
+            "bfloat16" or "float16".
+        batch_size: hf: at most this many sequences per forward pass (None: all at once).
+        seed: vllm: the engine's seed (every request also carries its own).
+        gpu_memory_utilization: vllm: the fraction of GPU memory the engine may take.
+        engine_kwargs: vllm: further ``vllm.LLM`` keyword arguments.
+    """
+
+    model_path: str | os.PathLike[str]
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int | None = None
+    seed: int = 0
+    gpu_memory_utilization: float = 0.9
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
 
 
 @runtime_checkable
@@ -54,54 +93,6 @@ class GenerationBackend(Protocol):
 
 
 # ------------------------------------------------------------------------------------------
-# model directories
-
-
-class ModelPathError(ValueError):
-    """``--model`` does not name a usable model directory (message fits on one line)."""
-
-
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-def resolve_model_path(path: str | os.PathLike[str]) -> Path:
-    """The Hugging Face model folder that ``path`` designates.
-
-    Accepted layouts, tried in this order:
-
-    1. ``path/config.json``: a Hugging Face model folder (``save_pretrained``), e.g. the
-       folder returned by ``gmts.embedded.warmstart.warm_start``.
-    2. ``path/model/config.json``: a gmts checkpoint (``<run>/checkpoints/step_000100``) or
-       any folder holding the model in ``model/``.
-    3. ``path/checkpoints/step_*/model/config.json``: a gmts training run; the checkpoint with
-       the highest step is used.
-
-    Raises:
-        ModelPathError: the path does not exist or matches none of the layouts.
-    """
-    root = Path(path).expanduser()
-    if not root.exists():
-        raise ModelPathError(f"model path does not exist: {root}")
-    if (root / "config.json").is_file():
-        return root
-    if (root / "model" / "config.json").is_file():
-        return root / "model"
-    steps = []
-    ckpt_root = root / "checkpoints"
-    if ckpt_root.is_dir():
-        for child in ckpt_root.iterdir():
-            match = _STEP_DIR.match(child.name)
-            if match and (child / "model" / "config.json").is_file():
-                steps.append((int(match.group(1)), child / "model"))
-    if steps:
-        return max(steps)[1]
-    raise ModelPathError(
-        f"no model found at {root}: expected config.json there, in model/, or in "
-        "checkpoints/step_*/model/"
-    )
-
-
-# ------------------------------------------------------------------------------------------
 # context guard
 
 
@@ -119,13 +110,11 @@ def check_benchmarks_fit(
     Raises:
         gmts.models.context.ContextError: naming the benchmark, the numbers and the flags.
     """
-    from transformers import AutoTokenizer
-
     from gmts.eval.benchmarks import get_spec, load_eval_benchmark
     from gmts.models.context import check_fits, longest_prompt, read_limit
 
     path = resolve_model_path(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path, pad_token=False)
     context = read_limit(str(path), tokenizer)
     if context is None:
         return
@@ -146,56 +135,22 @@ def check_benchmarks_fit(
 # Hugging Face backend
 
 
-def _pick_device(device: str | None) -> str:
-    import torch
-
-    if device and device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 class HFBackend:
     """Generation with a ``transformers`` causal LM and :func:`generate_rollouts`.
 
-    Args:
-        model_path: a folder accepted by :func:`resolve_model_path`.
-        device: "cpu", "cuda", "cuda:1", or "auto"/None (GPU when available).
-        dtype: "auto" (bfloat16 on GPU, float32 on CPU), "float32", "bfloat16" or "float16".
-        batch_size: at most this many sequences per forward pass (None: all at once).
+    Built from :class:`BackendOptions`: ``model_path``, ``device``, ``dtype``, ``batch_size``.
     """
 
     name = "hf"
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike[str],
-        *,
-        device: str | None = "auto",
-        dtype: str = "auto",
-        batch_size: int | None = None,
-    ) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model_path = resolve_model_path(model_path)
-        self.device = _pick_device(device)
-        dtypes = {
-            "float32": torch.float32,
-            "bfloat16": torch.bfloat16,
-            "float16": torch.float16,
-        }
-        if dtype == "auto":
-            torch_dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        elif dtype in dtypes:
-            torch_dtype = dtypes[dtype]
-        else:
-            raise ValueError(f"dtype must be one of auto, {', '.join(dtypes)}; got {dtype!r}")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
-        self.model.to(self.device).eval()
-        self.batch_size = batch_size
+    def __init__(self, options: BackendOptions) -> None:
+        self.model_path = resolve_model_path(options.model_path)
+        self.device = pick_device(options.device)
+        self.tokenizer = load_tokenizer(self.model_path, pad_token=False)
+        self.model = load_model(
+            self.model_path, dtype=torch_dtype(options.dtype, self.device), training=False
+        ).to(self.device)
+        self.batch_size = options.batch_size
         self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
         from gmts.models.context import context_limit
 
@@ -300,20 +255,13 @@ class VLLMBackend:
     """Generation with vLLM's offline engine (``pip install vllm``; GPU).
 
     Each request carries its own seed, so results do not depend on which other prompts share
-    the engine's batch.
+    the engine's batch. Built from :class:`BackendOptions`: ``model_path``, ``dtype``, ``seed``,
+    ``gpu_memory_utilization``, ``engine_kwargs``.
     """
 
     name = "vllm"
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike[str],
-        *,
-        dtype: str = "auto",
-        gpu_memory_utilization: float = 0.9,
-        seed: int = 0,
-        **engine_kwargs: Any,
-    ) -> None:
+    def __init__(self, options: BackendOptions) -> None:
         try:
             import vllm
         except ImportError as err:
@@ -322,13 +270,13 @@ class VLLMBackend:
                 "use --backend hf to evaluate with transformers instead"
             ) from err
         self._vllm = vllm
-        self.model_path = resolve_model_path(model_path)
+        self.model_path = resolve_model_path(options.model_path)
         self.llm = vllm.LLM(
             model=str(self.model_path),
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            seed=seed,
-            **engine_kwargs,
+            dtype=options.dtype,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            seed=options.seed,
+            **dict(options.engine_kwargs),
         )
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -358,7 +306,7 @@ class VLLMBackend:
 # ------------------------------------------------------------------------------------------
 # registry
 
-BackendFactory = Callable[..., GenerationBackend]
+BackendFactory = Callable[[BackendOptions], GenerationBackend]
 _BACKENDS: Registry[BackendFactory] = Registry("backend")
 _BACKENDS.add("hf", HFBackend)
 _BACKENDS.add("vllm", VLLMBackend)
@@ -376,6 +324,6 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_backend(name: str, model_path: str | os.PathLike[str], **kwargs: Any) -> GenerationBackend:
-    """Build the backend ``name`` for ``model_path``; unknown names list the valid ones."""
-    return _BACKENDS.get(name)(model_path, **kwargs)
+def make_backend(name: str, options: BackendOptions) -> GenerationBackend:
+    """Build the backend ``name`` from ``options``; unknown names list the valid ones."""
+    return _BACKENDS.get(name)(options)

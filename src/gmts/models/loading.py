@@ -1,59 +1,162 @@
-"""Loading the policy: resolve ``model.path`` (local directory, hub id or the embedded warm
-start) and load model + tokenizer ready for RL (dropout off, pad token set)."""
+"""One way to find and load a model, for every command (train, eval, analyze, plan, export).
+
+- :func:`resolve_model_path`: what a model argument designates. Accepted, tried in order:
+  ``"embedded"`` (the cached warm start of a built-in task, built on first use); a Hugging
+  Face model folder (``config.json``); a gmts checkpoint (``<run>/checkpoints/step_000100``,
+  the model in ``model/``); a gmts training run (its newest checkpoint); a hub id
+  (``org/name``, where the hub is reachable).
+- :func:`pick_device`: ``auto`` (this rank's GPU when CUDA is available, else the CPU),
+  ``cpu``, ``cuda`` (this rank's GPU) or ``cuda:N``.
+- :func:`load_tokenizer`, :func:`load_model`: the tokenizer with a pad token; the causal LM with
+  dropout off (RL ratios need the same function in every pass), on the CPU, in the dtype asked.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gmts.train.config import TrainConfig
+__all__ = [
+    "CHECKPOINTS_DIR",
+    "DTYPES",
+    "EMBEDDED",
+    "ModelPathError",
+    "load_model",
+    "load_tokenizer",
+    "pick_device",
+    "resolve_model_path",
+    "step_dir_name",
+    "step_of",
+    "torch_dtype",
+]
 
+EMBEDDED = "embedded"
+CHECKPOINTS_DIR = "checkpoints"
+"""A training run keeps its checkpoints in ``<run>/checkpoints/step_000010/`` (``model/`` in each)."""
+_STEP_DIR = re.compile(r"^step_(\d+)$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
-def resolve_model_path(cfg: TrainConfig, progress: bool = False) -> str:
-    """The model directory (or hub id) to load; raises ValueError with one line if missing."""
-    path = cfg.model.path
-    if path == "embedded":
+class ModelPathError(ValueError):
+    """A model argument that names no usable model (the message fits on one line)."""
+
+
+def step_dir_name(step: int) -> str:
+    """The folder name of checkpoint ``step``: ``step_000010``."""
+    return f"step_{step:06d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint folder name, None for any other name."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+def resolve_model_path(
+    path: str | os.PathLike[str],
+    *,
+    task: str = "addition",
+    seed: int = 0,
+    progress: bool = False,
+) -> str:
+    """The Hugging Face model folder (or hub id) that ``path`` designates (see module docstring).
+
+    Args:
+        path: the model argument. task, seed: which warm start ``"embedded"`` means.
+        progress: show the warm start's progress bar if it has to be trained.
+
+    Raises:
+        ModelPathError: the path does not exist, or holds none of the layouts.
+    """
+    text = str(path)
+    if text == EMBEDDED:
         from gmts.embedded.warmstart import warm_start
 
-        return str(warm_start(cfg.data.task, seed=cfg.seed, progress=progress))
-    p = Path(path).expanduser()
-    if p.exists():
-        if not (p / "config.json").is_file():
-            raise ValueError(
-                f"model.path: {p} is not a Hugging Face model directory (no config.json)"
-            )
-        return str(p)
-    if _HUB_ID.match(path) and not path.startswith("."):
-        return path  # a hub id: from_pretrained reports if it cannot be reached
-    raise ValueError(f"model.path: {path} does not exist")
+        return str(warm_start(task, seed=seed, progress=progress))
+    root = Path(text).expanduser()
+    if not root.exists():
+        if _HUB_ID.match(text) and not text.startswith("."):
+            return text  # a hub id: from_pretrained reports if it cannot be reached
+        raise ModelPathError(f"model path does not exist: {root}")
+    if (root / "config.json").is_file():
+        return str(root)
+    if (root / "model" / "config.json").is_file():
+        return str(root / "model")
+    steps = []
+    if (root / CHECKPOINTS_DIR).is_dir():
+        for child in (root / CHECKPOINTS_DIR).iterdir():
+            step = step_of(child.name)
+            if step is not None and (child / "model" / "config.json").is_file():
+                steps.append((step, child / "model"))
+    if steps:
+        return str(max(steps)[1])
+    raise ModelPathError(
+        f"no model found at {root}: expected config.json there, in model/, or in "
+        f"{CHECKPOINTS_DIR}/step_*/model/"
+    )
 
 
-def load_tokenizer(path: str, cfg: TrainConfig) -> Any:
-    """The tokenizer of ``path`` with a pad token (eos when it has none)."""
+def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """The device ``name`` means for the process with ``local_rank``; ValueError when CUDA is
+    asked for but not available."""
+    if name == "auto":
+        return (
+            torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        )
+    device = torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def torch_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """A dtype name as a torch dtype; ``"auto"``: bfloat16 on a GPU, float32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def load_tokenizer(
+    path: str | os.PathLike[str], *, trust_remote_code: bool = False, pad_token: bool = True
+) -> Any:
+    """The tokenizer of ``path``; with ``pad_token`` it gets one (eos) when it has none."""
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            path, trust_remote_code=cfg.model.trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as exc:
-        raise ValueError(f"model.path: cannot load {path!r}: {_first_line(exc)}") from None
-    if tokenizer.pad_token_id is None:
+        message = f"cannot load a tokenizer from {str(path)!r}: {_first_line(exc)}"
+        raise ModelPathError(message) from None
+    if pad_token and tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_model(path: str, cfg: TrainConfig, dtype: torch.dtype) -> Any:
-    """The causal LM of ``path`` on the CPU in ``dtype``, dropout off, in training mode
-    (the strategy moves or shards it; :mod:`gmts.scale.strategy`).
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+    training: bool = True,
+) -> Any:
+    """The causal LM of ``path`` on the CPU in ``dtype``, dropout off.
 
-    The policy is loaded in float32 (its master weights) whatever ``model.dtype`` says; the
-    frozen reference model in the compute dtype.
+    Args:
+        gradient_checkpointing: recompute activations in backward (non-reentrant).
+        training: ``model.train()`` (the trainer; dropout stays off) or ``model.eval()``.
     """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -61,36 +164,30 @@ def load_model(path: str, cfg: TrainConfig, dtype: torch.dtype) -> Any:
     hf_logging.disable_progress_bar()  # our own bar is the only one
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code
+            path, dtype=dtype, trust_remote_code=trust_remote_code
         )
     except OSError as exc:
-        raise ValueError(f"model.path: cannot load {path!r}: {_first_line(exc)}") from None
+        message = f"cannot load a model from {str(path)!r}: {_first_line(exc)}"
+        raise ModelPathError(message) from None
     for module in model.modules():  # RL ratios need the same function in every pass
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    if cfg.model.gradient_checkpointing:
+    if gradient_checkpointing:
         _enable_activation_checkpointing(model)
         model.config.use_cache = False
-    model.train()
-    return model
+    return model.train(training)
 
 
 def _enable_activation_checkpointing(model: Any) -> None:
     """Recompute activations in backward, non-reentrant (the variant that works under FSDP2 and
     autocast), with the API of the installed transformers: ``activation_checkpointing_enable``
-    (transformers >= 5.2x; ``gradient_checkpointing_enable`` is deprecated there) or the older
+    (transformers >= 5.23, where ``gradient_checkpointing_enable`` is deprecated) or the older
     name."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def load_policy(path: str, cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
-    """(model, tokenizer) of ``path`` on ``device`` with float32 weights, dropout off: the
-    one-process policy without a strategy (tests, analyses)."""
-    return load_model(path, cfg, torch.float32).to(device), load_tokenizer(path, cfg)
 
 
 def _first_line(exc: BaseException) -> str:

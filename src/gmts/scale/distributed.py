@@ -49,26 +49,6 @@ def init_distributed(device: str = "auto") -> DistInfo:
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
 
 
-def resolve_device(device: str, info: DistInfo) -> torch.device:
-    """``model.device`` as a torch device: auto/cuda pick this rank's GPU (``local_rank``)."""
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", info.local_rank)
-        return torch.device("cpu")
-    if device == "cuda":
-        return torch.device("cuda", info.local_rank)
-    return torch.device(device)
-
-
-def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """Sum a tensor over ranks (a copy; identity with one process)."""
-    if info.world_size <= 1:
-        return values.clone()
-    out = values.clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out
-
-
 def all_reduce_gradients(parameters: list[torch.nn.Parameter], info: DistInfo) -> None:
     """Sum ``.grad`` over ranks, flattened into one buffer per dtype/device."""
     if info.world_size <= 1:

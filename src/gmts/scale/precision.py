@@ -84,7 +84,7 @@ class Precision:
 
 def export_model(source: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:
     """Write the model of ``source`` (a model folder, checkpoint or run; see
-    :func:`gmts.eval.backends.resolve_model_path`) as a Hugging Face folder in ``dtype``.
+    :func:`gmts.models.loading.resolve_model_path`) as a Hugging Face folder in ``dtype``.
 
     The training checkpoints keep float32 master weights (4 bytes per parameter); a bf16 copy
     is what a server (vLLM, ``gmts eval``) needs. The tokenizer is copied along. The folder is
@@ -93,9 +93,7 @@ def export_model(source: str | Path, out: str | Path, dtype: str = "bfloat16") -
     import os
     import shutil
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gmts.eval.backends import resolve_model_path
+    from gmts.models.loading import load_model, load_tokenizer, resolve_model_path
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}")
@@ -105,8 +103,8 @@ def export_model(source: str | Path, out: str | Path, dtype: str = "bfloat16") -
         raise ValueError(f"{out} already exists; choose a new folder")
     staging = out.with_name(out.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    model = load_model(path, dtype=DTYPES[dtype], training=False)
     model.save_pretrained(staging, safe_serialization=True)
-    AutoTokenizer.from_pretrained(path).save_pretrained(staging)
+    load_tokenizer(path, pad_token=False).save_pretrained(staging)  # as it is
     os.replace(staging, out)
     return out

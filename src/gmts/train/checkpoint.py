@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-_NAME = re.compile(r"^step_(\d{6,})$")
+from gmts.models.loading import CHECKPOINTS_DIR, step_dir_name, step_of
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -52,7 +51,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
     """``<run_dir>/checkpoints``."""
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINTS_DIR
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -62,9 +61,9 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for p in root.iterdir():
-        m = _NAME.match(p.name)
-        if m and p.is_dir() and (p / "trainer_state.pt").is_file():
-            found.append((int(m.group(1)), p))
+        step = step_of(p.name)
+        if step is not None and p.is_dir() and (p / "trainer_state.pt").is_file():
+            found.append((step, p))
     return sorted(found)
 
 
@@ -100,7 +99,7 @@ def save_checkpoint(
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     _remove_temporaries(root)
-    final = root / f"step_{step:06d}"
+    final = root / step_dir_name(step)
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     tmp.mkdir()
     model.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
+from gmts.core.distributed import all_reduce_sum
 from gmts.rewards.sandbox import SandboxUnavailableError
-from gmts.scale.distributed import DistInfo, all_reduce_sum
+from gmts.scale.distributed import DistInfo
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
 from gmts.train.sources import QuestionSource, RewardFn
@@ -81,7 +82,7 @@ class RolloutStats:
     def reduced(self, info: DistInfo) -> RolloutStats:
         """The sums over every rank (one all-reduce of the fields in order)."""
         values = torch.tensor(dataclasses.astuple(self), dtype=torch.float64)
-        return RolloutStats(*all_reduce_sum(values, info).tolist())
+        return RolloutStats(*all_reduce_sum(values, info.group).tolist())
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def collect_batch(
             have += int(take.sum())
             generated += len(mine)
         rounds += 1
-        missing = all_reduce_sum(torch.tensor([float(n_local - have)]), info).item()
+        missing = all_reduce_sum(torch.tensor([float(n_local - have)]), info.group).item()
         if not r.dynamic_sampling or missing == 0 or rounds >= r.max_sampling_rounds:
             break
     topped_up = n_local - have

@@ -33,17 +33,18 @@ from typing import Any
 
 import torch
 
+from gmts.core.distributed import all_reduce_sum
 from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig
 from gmts.models.context import check_fits, context_limit, longest_prompt
-from gmts.models.loading import load_model, load_tokenizer, resolve_model_path
-from gmts.scale.distributed import (
-    DistInfo,
-    all_reduce_sum,
-    barrier,
-    init_distributed,
-    resolve_device,
+from gmts.models.loading import (
+    ModelPathError,
+    load_model,
+    load_tokenizer,
+    pick_device,
+    resolve_model_path,
 )
+from gmts.scale.distributed import DistInfo, barrier, init_distributed
 from gmts.scale.memory_plan import (
     GIB,
     MemoryPlan,
@@ -121,7 +122,7 @@ class Trainer:
         ):
             if value % world:
                 raise ValueError(f"{name} ({value}) must be divisible by the {world} processes")
-        self.device = resolve_device(cfg.model.device, self.info)
+        self.device = pick_device(cfg.model.device, self.info.local_rank)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
@@ -151,13 +152,14 @@ class Trainer:
 
         # The model: rank 0 builds/caches the embedded warm start first, then the others.
         if self.info.is_main:
-            base_path = resolve_model_path(cfg, progress=show)
+            base_path = self._model_path(progress=show)
         barrier(self.info)
         if not self.info.is_main:
-            base_path = resolve_model_path(cfg)
+            base_path = self._model_path(progress=False)
         self.resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
         load_path = str(self.resume_from / "model") if self.resume_from else base_path
-        self.tokenizer = load_tokenizer(load_path, cfg)
+        remote = cfg.model.trust_remote_code
+        self.tokenizer = load_tokenizer(load_path, trust_remote_code=remote)
         if examples is not None:  # prompts are rendered with the model's tokenizer
             self.source = DatasetSource(
                 examples,
@@ -183,11 +185,20 @@ class Trainer:
             cfg.distributed.strategy, self.info, self.precision, self.device
         )
         # master weights in float32 whatever model.dtype says (precision.py)
-        self.model = self.strategy.prepare_policy(load_model(load_path, cfg, torch.float32))
+        checkpointing = cfg.model.gradient_checkpointing
+        policy = load_model(
+            load_path,
+            dtype=torch.float32,
+            trust_remote_code=remote,
+            gradient_checkpointing=checkpointing,
+        )
+        self.model = self.strategy.prepare_policy(policy)
         self.ref_model = None
         if cfg.objective.kl_coef > 0:  # the reference is always the starting policy
-            ref = load_model(base_path, cfg, self.precision.compute).requires_grad_(False)
-            self.ref_model = self.strategy.prepare_reference(ref.eval())
+            ref = load_model(
+                base_path, dtype=self.precision.compute, trust_remote_code=remote, training=False
+            )
+            self.ref_model = self.strategy.prepare_reference(ref.requires_grad_(False))
 
         # Optimisation.
         self.minibatches = r.questions_per_batch // cfg.mini_batch_questions
@@ -248,6 +259,16 @@ class Trainer:
             truncate_metrics(self.run_dir, last)
             truncate_metrics(self.run_dir, last, EVAL_FILE)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+
+    def _model_path(self, progress: bool) -> str:
+        """``model.path`` resolved (the embedded warm start is built on first use)."""
+        cfg = self.cfg
+        try:
+            return resolve_model_path(
+                cfg.model.path, task=cfg.data.task, seed=cfg.seed, progress=progress
+            )
+        except ModelPathError as exc:
+            raise ValueError(f"model.path: {exc}") from None
 
     def _check_context(self, model_config: Any, path: str) -> int:
         """The longest prompt in tokens, after checking that it plus the generation budget fits
@@ -459,7 +480,7 @@ class Trainer:
         mask = batch.response_mask
         entropy = all_reduce_sum(
             torch.stack([(batch.old_entropy.double() * mask).sum(), mask.sum().double()]),
-            self.info,
+            self.info.group,
         )
         metrics["policy/entropy"] = (entropy[0] / entropy[1].clamp_min(1)).item()
         metrics.update(update_metrics(updates))

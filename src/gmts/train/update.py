@@ -25,11 +25,12 @@ from dataclasses import dataclass
 import torch
 
 from gmts.core.config import SelectionConfig
+from gmts.core.distributed import all_reduce_sum
 from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig, TokenSums, policy_loss
 from gmts.core.objectives import ObjectiveConfig
 from gmts.core.step import select_for_update
-from gmts.scale.distributed import DistInfo, all_reduce_sum
+from gmts.scale.distributed import DistInfo
 from gmts.scale.strategy import Strategy
 from gmts.train.batch import ScoredBatch, TrainBatch
 from gmts.train.scoring import TokenScorer, micro_slices, needs_logit_grad_norm
@@ -137,7 +138,7 @@ def selection_overlap(
     )
     assert other is not None
     counts = torch.stack([(selected & other).sum(), (selected | other).sum()]).double()
-    both, either = all_reduce_sum(counts, info).tolist()
+    both, either = all_reduce_sum(counts, info.group).tolist()
     return Overlap(both, either)
 
 
@@ -263,7 +264,8 @@ def _apply(
     strategy.reduce_gradients(params)
     grad_norm = strategy.clip_grad_norm(params, grad_clip)
     flags = all_reduce_sum(
-        torch.tensor([0.0 if finite else 1.0, local_loss], dtype=torch.float64), strategy.info
+        torch.tensor([0.0 if finite else 1.0, local_loss], dtype=torch.float64),
+        strategy.info.group,
     )
     applied = flags[0].item() == 0 and math.isfinite(grad_norm)
     if applied:
