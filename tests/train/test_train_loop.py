@@ -330,7 +330,7 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
     import shutil
 
     import gmts.embedded.warmstart as warmstart
-    from gmts.train.demo import DemoSettings, format_table, run_demo
+    from gmts.cli.demo import DemoSettings, format_table, run_demo
 
     warm = Path(shutil.copytree(tiny_dir, tmp_path / "warm"))
     (warm / warmstart.INFO_FILE).write_text(
@@ -381,7 +381,7 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
 
 def test_demo_recipe_is_the_one_config_file():
     """configs/demo.yaml is the packaged recipe itself (a link), not a second copy."""
-    from gmts.train.demo import DEMO_CONFIG, demo_recipe
+    from gmts.cli.demo import DEMO_CONFIG, demo_recipe
 
     shipped = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
     assert shipped.resolve() == DEMO_CONFIG.resolve()
@@ -391,7 +391,7 @@ def test_demo_recipe_is_the_one_config_file():
 
 def test_benchmark_setup_builds_on_the_demo_recipe(tmp_path, monkeypatch):
     """benchmarks/tiny_setup.py changes only what a benchmark varies; the rest is demo.yaml."""
-    from gmts.train.demo import demo_recipe
+    from gmts.cli.demo import demo_recipe
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "tiny_setup.py"
     spec = importlib.util.spec_from_file_location("tiny_setup", path)

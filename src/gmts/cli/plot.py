@@ -1,9 +1,19 @@
-"""``gmts plot RUN_DIR [RUN_DIR ...] --out FILE.png``: learning curves of one or more runs."""
+"""``gmts plot RUN_DIR [RUN_DIR ...] --out FILE.png``: learning curves of one or more runs.
+
+Curves come from ``metrics.jsonl`` and ``eval.jsonl``: one panel per metric, one line per run. A
+metric logged by the held-out evaluation (``average@16``, ``pass@16``) is read from
+``eval.jsonl`` and drawn with markers, unsmoothed; training metrics come from ``metrics.jsonl``.
+:func:`plot_runs` also draws the demo's ``curves.png``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from pathlib import Path
+
+from gmts.train.metrics_log import EVAL_FILE, METRICS_FILE, read_metrics
 
 DEFAULT_METRICS = (
     "reward/mean",
@@ -31,8 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gmts.train.plotting import plot_runs
-
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     labels = args.labels.split(",") if args.labels else None
     try:
@@ -42,3 +50,81 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {out}")
     return 0
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` values (shorter at the start)."""
+    if window <= 1:
+        return values
+    out, acc, buf = [], 0.0, []
+    for v in values:
+        buf.append(v)
+        acc += v
+        if len(buf) > window:
+            acc -= buf.pop(0)
+        out.append(acc / len(buf))
+    return out
+
+
+def _points(rows: list[dict], name: str) -> list[tuple[int, float]]:
+    """(step, value) of every row that logged ``name`` as a number."""
+    return [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
+
+
+def plot_runs(
+    run_dirs: list[str | Path],
+    out: str | Path,
+    *,
+    metrics: list[str],
+    smooth: int = 1,
+    labels: list[str] | None = None,
+) -> Path:
+    """Write a PNG with ``metrics`` (panels) of every run in ``run_dirs`` (lines).
+
+    A metric is read from ``metrics.jsonl`` (smoothed over ``smooth`` steps) or, where the run's
+    training rows do not have it, from ``eval.jsonl`` (held-out evaluations, unsmoothed).
+    """
+    if not metrics:
+        raise ValueError("--metrics: give at least one metric")
+    if smooth < 1:
+        raise ValueError(f"--smooth: must be >= 1 (1: no smoothing), got {smooth}")
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(f"--labels: {len(labels)} labels for {len(run_dirs)} runs")
+    runs = []  # per run: (training rows, evaluation rows)
+    for d in run_dirs:
+        rows, evals = read_metrics(d), read_metrics(d, EVAL_FILE)
+        if not rows and not evals:
+            raise ValueError(f"{d}: no {METRICS_FILE} or {EVAL_FILE} with rows")
+        runs.append((rows, evals))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(metrics))
+    nrows = math.ceil(len(metrics) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    for ax, name in zip(axes.flat, metrics):
+        held_out = False
+        for i, (rows, evals) in enumerate(runs):
+            label = labels[i] if labels else Path(run_dirs[i]).name
+            pts = _points(rows, name)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, _smooth(list(ys), smooth), label=label)
+            elif pts := _points(evals, name):
+                held_out = True
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        ax.set_title(f"{name} (held-out)" if held_out else name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,4 +1,9 @@
-"""Evaluate a model on a built-in task: n samples per held-out question -> average@n, pass@n."""
+"""Evaluate a model on a built-in task: n samples per held-out question -> average@n, pass@n.
+
+:func:`held_out_metrics` is the trainer's periodic evaluation: a fixed sampling seed
+(independent of the training step), so "before" and "after" numbers are measured on the same
+questions with the same random stream.
+"""
 
 from __future__ import annotations
 
@@ -80,3 +85,37 @@ def evaluate_task(
         per_question=rewards.mean(dim=1).tolist(),
         mean_response_length=float(rollout.response_lengths.float().mean().item()),
     )
+
+
+EVAL_SEED_OFFSET = 10_007
+
+
+def held_out_metrics(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    task: Any,
+    *,
+    n_questions: int = 100,
+    k: int = 16,
+    seed: int = 0,
+    batch_size: int | None = None,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """``k`` samples for each of ``n_questions`` held-out questions of ``task``:
+    ``{"average@k": ..., "pass@k": ..., "questions": n}`` (k written out, e.g. ``average@16``).
+    """
+    result = evaluate_task(
+        model,
+        tokenizer,
+        task,
+        task.held_out(n_questions),
+        n=k,
+        temperature=temperature,
+        batch_size=batch_size or 4096,
+        seed=EVAL_SEED_OFFSET + seed,
+    )
+    return {
+        f"average@{k}": float(result.average_at_n),
+        f"pass@{k}": float(result.pass_at_n),
+        "questions": float(n_questions),
+    }

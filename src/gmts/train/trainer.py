@@ -508,9 +508,9 @@ class Trainer:
         result = None
         with self.strategy.sampling(self.model):  # every rank enters; rank 0 samples
             if self.info.is_main:
-                from gmts.train.evaluation import evaluate_policy
+                from gmts.embedded.evaluation import held_out_metrics
 
-                result = evaluate_policy(
+                result = held_out_metrics(
                     self.model,
                     self.tokenizer,
                     self.task,
