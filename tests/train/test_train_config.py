@@ -7,14 +7,9 @@ from pathlib import Path
 import pytest
 
 from gmts.cli import main
-from gmts.train.config import (
-    build_config,
-    config_markdown_table,
-    config_reference,
-    dump_yaml,
-    load_config,
-    read_yaml,
-)
+from gmts.cli.config_reference import config_markdown_table, config_reference
+from gmts.configuration import read_yaml
+from gmts.train.config import build_config, dump_yaml, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,7 +142,7 @@ def test_cli_print_config(capsys):
 
 
 def test_docs_reference_table_is_current():
-    """docs/training.md holds the generated table (regenerate: python -m gmts.train.config)."""
+    """docs/training.md holds the generated table (regenerate: python -m gmts.cli.config_reference)."""
     doc = (REPO / "docs" / "training.md").read_text()
     assert config_markdown_table() in doc
 

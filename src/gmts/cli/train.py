@@ -15,7 +15,7 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gmts.train.config import config_help_text
+    from gmts.cli.config_reference import config_help_text
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = config_help_text()

@@ -1,8 +1,9 @@
 """The trainer's configuration: one typed, validated dataclass tree.
 
 ``TrainConfig`` is the single source of truth for a run. YAML files, command-line overrides
-(``section.field=value``), the ``--help`` text and docs/training.md are all derived from the
-dataclasses below and their ``metadata["help"]``. The objective and the token selection reuse
+(``section.field=value``, read by :mod:`gmts.configuration`), the ``--help`` text and
+docs/training.md (:mod:`gmts.cli.config_reference`) are all derived from the dataclasses below
+and their ``metadata["help"]``. The objective and the token selection reuse
 the core's :class:`~gmts.core.config.ObjectiveConfig` and :class:`~gmts.core.config.SelectionConfig`.
 
 Validation happens in ``__post_init__`` (single fields) and :func:`build_config` (types, unknown
@@ -12,12 +13,11 @@ keys), so every mistake is reported before any model is loaded.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gmts import configuration
 from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig
 
@@ -355,117 +355,6 @@ class TrainConfig:
 # --------------------------------------------------------------------------- building
 
 
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is tuple:
-        return "[" + ", ".join(_type_name(a) for a in typing.get_args(tp)) + "]"
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` (parsed YAML) against the annotation ``tp``; return the converted value."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise ValueError(f"{key}: must not be null (expected {_type_name(tp)})")
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ValueError:
-                pass  # try the next member of the union
-        raise ValueError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ValueError(f"{key}: expected one of {list(allowed)}, got {value!r}")
-        return value
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, list | tuple) or len(value) != len(args):
-            raise ValueError(f"{key}: expected a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ValueError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{key}: expected a string, got {value!r}")
-        return value
-    if _is_dataclass_type(tp):
-        return _build(tp, value, key)
-    if tp is Any:
-        return value
-    raise ValueError(f"{key}: unsupported field type {tp!r}")  # pragma: no cover
-
-
-def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
-
-
-def _unknown_key_error(cls: type, key: str, prefix: str) -> ValueError:
-    where = f"'{prefix}'" if prefix else "the top level"
-    valid = ", ".join(_field_types(cls))
-    full = f"{prefix}.{key}" if prefix else key
-    return ValueError(f"unknown config key '{full}'; valid keys at {where}: {valid}")
-
-
-def _build(cls: type, raw: Any, prefix: str, base: Any = None) -> Any:
-    """Build dataclass ``cls`` from the mapping ``raw``; ``base`` supplies defaults if given."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{prefix or 'config'}: expected a mapping of keys, got {raw!r}")
-    types_ = _field_types(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in types_:
-            raise _unknown_key_error(cls, key, prefix)
-        full = f"{prefix}.{key}" if prefix else key
-        kwargs[key] = _coerce(value, types_[key], full)
-    try:
-        if base is not None:
-            return dataclasses.replace(base, **kwargs)
-        return cls(**kwargs)
-    except ValueError as exc:
-        msg = str(exc)
-        # Name the section for the core's own validation messages.
-        if prefix and not msg.startswith(prefix):
-            msg = f"{prefix}: {msg}"
-        raise ValueError(msg) from None
-
-
 def build_config(raw: dict[str, Any] | None) -> TrainConfig:
     """Build and validate a :class:`TrainConfig` from a (YAML-shaped) mapping.
 
@@ -476,151 +365,21 @@ def build_config(raw: dict[str, Any] | None) -> TrainConfig:
         raise ValueError("config: expected a mapping at the top level")
     raw = dict(raw or {})
     objective_raw = raw.pop("objective", None)
-    cfg = _build(TrainConfig, raw, "")
+    cfg = configuration.build(TrainConfig, raw, "")
     if objective_raw is not None:
         preset = ObjectiveConfig.preset(cfg.algorithm)
-        cfg.objective = _build(ObjectiveConfig, objective_raw, "objective", base=preset)
+        cfg.objective = configuration.build(
+            ObjectiveConfig, objective_raw, "objective", base=preset
+        )
     return cfg
-
-
-# --------------------------------------------------------------------------- YAML + overrides
-
-
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a YAML config; a top-level ``base: other.yaml`` (relative to this file) is merged
-    underneath, so variants can hold only their differences."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file not found: {path}")
-    if path.resolve() in _seen:
-        raise ValueError(f"config 'base' cycle through {path}")
-    with open(path) as fh:
-        data = yaml.safe_load(fh) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    base = data.pop("base", None)
-    if base is not None:
-        parent = read_yaml(path.parent / base, (*_seen, path.resolve()))
-        data = _deep_merge(parent, data)
-    return data
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.field=value`` overrides (values parsed as YAML: ``0.1``, ``true``,
-    ``null``, ``[0.9, 0.99]``)."""
-    import yaml
-
-    raw = _deep_merge({}, raw)
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r}: expected section.field=value")
-        key, text = item.split("=", 1)
-        parts = key.strip().split(".")
-        if not all(parts):
-            raise ValueError(f"override {item!r}: bad key {key!r}")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            value = text
-        node = raw
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ValueError(f"override {item!r}: '{part}' is not a section")
-            node = child
-        node[parts[-1]] = value
-    return raw
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """YAML file (optional) + overrides -> validated :class:`TrainConfig`."""
-    raw = read_yaml(path) if path is not None else {}
-    return build_config(apply_overrides(raw, list(overrides or [])))
-
-
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """Plain-Python (YAML-safe) form of a config; tuples become lists."""
-
-    def plain(v: Any) -> Any:
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.init}
-        if isinstance(v, tuple | list):
-            return [plain(x) for x in v]
-        return v
-
-    return plain(cfg)
+    raw = configuration.read_yaml(path) if path is not None else {}
+    return build_config(configuration.apply_overrides(raw, list(overrides or [])))
 
 
 def dump_yaml(cfg: TrainConfig) -> str:
     """``cfg`` as YAML that :func:`load_config` reads back to an equal config."""
-    import yaml
-
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-
-
-# --------------------------------------------------------------------------- reference
-
-
-def config_reference(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) for every leaf field, from the dataclass metadata.
-
-    Defaults are the fields' own (``null`` where the algorithm decides); ``objective.*`` shows
-    ``ObjectiveConfig``'s defaults, which the default algorithm's (DAPO) preset keeps.
-    """
-    rows: list[tuple[str, str, str, str]] = []
-    types_ = _field_types(cls)
-    defaults = cls()
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        tp = types_[f.name]
-        if key == "objective":
-            tp = ObjectiveConfig
-        if _is_dataclass_type(tp):
-            rows.extend(config_reference(tp, key))
-            continue
-        default = getattr(defaults, f.name)
-        if isinstance(default, tuple):
-            default = list(default)
-        help_text = f.metadata.get("help", "") if f.metadata else ""
-        rows.append((key, _type_name(tp), repr(default), help_text))
-    return rows
-
-
-def config_help_text() -> str:
-    """Every key with its type, default and help: the epilog of ``gmts train --help``."""
-    lines = ["config keys (override as section.field=value):"]
-    for key, tp, default, help_text in config_reference():
-        lines.append(f"  {key} = {default}  [{tp}]")
-        if help_text:
-            lines.append(f"      {help_text}")
-    return "\n".join(lines)
-
-
-def config_markdown_table() -> str:
-    """The config reference as a Markdown table (docs/training.md)."""
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key, tp, default, help_text in config_reference():
-        esc_help = help_text.replace("|", "\\|")
-        esc_type = tp.replace("|", "\\|")
-        rows.append(f"| `{key}` | {esc_type} | `{default}` | {esc_help} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":  # python -m gmts.train.config > table (docs/training.md reference)
-    print(config_markdown_table())
+    return configuration.dump_yaml(cfg)

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from gmts.configuration import to_dict
 from gmts.core.distributed import all_reduce_sum
 from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig
@@ -57,7 +58,7 @@ from gmts.scale.strategy import make_strategy
 from gmts.train import checkpoint as ckpt
 from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
-from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, config_to_dict, dump_yaml
+from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, dump_yaml
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.sources import (
@@ -250,7 +251,7 @@ class Trainer:
             report_to=cfg.logging.report_to,
             enabled=self.info.is_main,
             wandb_project=cfg.logging.wandb_project,
-            config=config_to_dict(cfg),
+            config=to_dict(cfg),
         )
         if self.info.is_main:
             # Resumed: drop the rows of steps about to be re-run. Fresh: drop an earlier run's

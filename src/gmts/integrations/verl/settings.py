@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gmts.configuration import coerce, field_types, parse_value
 from gmts.core.config import SelectionConfig
 from gmts.core.scores import score_requirements
 
@@ -103,38 +104,25 @@ class GMTSVerlSettings:
 
     @classmethod
     def from_strings(cls, values: Mapping[str, str]) -> GMTSVerlSettings:
-        """Build from command-line strings (``ratio="0.2"``, ``largest="false"``), typed by field.
+        """Build from command-line strings (``ratio="0.2"``, ``largest="false"``), each parsed
+        as YAML and checked against its field's type (:mod:`gmts.configuration`).
 
         ``preset`` (paper, trl, reference-code) starts from ``SelectionConfig.preset``; the
         other keys override it.
         """
-        types = {f.name: f.default for f in fields(SelectionConfig)}
+        hints = field_types(SelectionConfig)
         values = dict(values)
-        parsed: dict[str, Any] = {}
         preset = values.pop("preset", None)
+        parsed: dict[str, Any] = {}
         for key, raw in values.items():
-            default = types.get(key)
-            if isinstance(default, bool):
-                lowered = str(raw).strip().lower()
-                if lowered not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(f"gmts.{key} must be true or false, got {raw!r}")
-                parsed[key] = lowered in ("true", "1", "yes")
-            elif isinstance(default, int):
-                try:
-                    parsed[key] = int(raw)
-                except ValueError as err:
-                    raise ValueError(f"gmts.{key} must be an integer, got {raw!r}") from err
-            elif isinstance(default, float):
-                try:
-                    parsed[key] = float(raw)
-                except ValueError as err:
-                    raise ValueError(f"gmts.{key} must be a number, got {raw!r}") from err
-            else:
-                parsed[key] = str(raw)
+            if key not in hints:
+                continue  # from_dict names unknown keys
+            parsed[key] = coerce(parse_value(str(raw)), hints[key], f"gmts.{key}")
         if preset is not None:  # presets may depend on the score
-            score = parsed.get("score", types["score"])
+            score = parsed.get("score", SelectionConfig().score)
             parsed = asdict(SelectionConfig.preset(str(preset), score=score)) | parsed
-        return cls.from_dict(parsed)
+        unknown = {k: v for k, v in values.items() if k not in hints}
+        return cls.from_dict(parsed | unknown)
 
     def to_env_value(self, *, encoded: bool = False) -> str:
         """Compact JSON for ``GMTS_VERL_SELECTION``.
