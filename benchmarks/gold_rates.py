@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gmts.data.datasets import load_benchmark
+from gmts.data.benchmarks import load_benchmark
 from gmts.rewards.math_answer import symbolic_match
 from gmts.rewards.math_verifier import math_reward
 

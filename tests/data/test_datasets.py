@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from gmts.data.benchmarks import available_benchmarks, load_benchmark
 from gmts.data.datasets import (
     DATA_DIR_ENV,
     Example,
-    available_benchmarks,
-    load_benchmark,
     load_hf_dataset,
     load_jsonl_dataset,
     resolve_data_dir,
@@ -120,7 +119,7 @@ def test_split_and_limit(shared_data: Path) -> None:
         load_benchmark("math500", data_dir=shared_data, split="train")
     with pytest.raises(ValueError, match="limit"):
         load_benchmark("math500", data_dir=shared_data, limit=0)
-    with pytest.raises(ValueError, match="available"):
+    with pytest.raises(ValueError, match="valid benchmarks"):
         load_benchmark("math501", data_dir=shared_data)
 
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-import gmts.data.datasets as datasets
+import gmts.data.benchmarks as datasets
 import gmts.eval.backends as backends
 from gmts.cli import main
 from gmts.eval.harness import EvalConfig, evaluate

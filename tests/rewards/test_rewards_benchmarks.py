@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gmts.data.datasets import load_benchmark
+from gmts.data.benchmarks import load_benchmark
 from gmts.rewards import code_reward, humaneval_program, mbpp_program
 
 _spec = importlib.util.spec_from_file_location(

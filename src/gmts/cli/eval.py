@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if dataset_names:  # find every file now rather than after minutes of loading
         import warnings
 
-        from gmts.data.datasets import load_benchmark
+        from gmts.data.benchmarks import load_benchmark
 
         try:
             with warnings.catch_warnings():

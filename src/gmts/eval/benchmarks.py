@@ -1,9 +1,6 @@
-"""What ``gmts eval`` knows about each benchmark: prompt template, verifier, decoding, budget.
-
-A :class:`BenchmarkSpec` per benchmark name of :func:`gmts.data.datasets.load_benchmark`,
-plus ``builtin:<task>`` for the embedded arithmetic tasks of :mod:`gmts.embedded.tasks`. The
-paper's protocol: math and commonsense benchmarks are sampled (average@16 at temperature 1.0);
-code benchmarks are decoded greedily and scored pass@1.
+"""What ``gmts eval`` evaluates: the registered benchmarks of :mod:`gmts.data.benchmarks` (each
+with its template, verifier and decoding) plus ``builtin:<task>`` for the embedded arithmetic
+tasks of :mod:`gmts.embedded.tasks`.
 
 :func:`load_eval_benchmark` turns a name into an :class:`EvalBenchmark`: the questions with
 their formatted prompts and a scoring function ``score(completion, item) -> (reward,
@@ -16,82 +13,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from gmts._registry import Registry
+from gmts.data.benchmarks import Benchmark, available_benchmarks, get_benchmark
+from gmts.rewards.verifiers import Verifier
 
-Decoding = Literal["sample", "greedy"]
 BUILTIN_PREFIX = "builtin:"
-CODE_VERIFIERS = ("humaneval", "mbpp")
-"""Verifiers that run the model's program (in the sandbox of :mod:`gmts.rewards.sandbox`)."""
-
-
-@dataclass(frozen=True)
-class BenchmarkSpec:
-    """How one benchmark is evaluated.
-
-    Attributes:
-        name: the name ``gmts eval --benchmarks`` takes (the loader's name).
-        display: column header in the results table (the paper's spelling).
-        template: prompt template name (:mod:`gmts.data.prompts`).
-        verifier: "math", "choice", "yes_no", "humaneval" or "mbpp".
-        decoding: "sample" (average@n at the chosen temperature) or "greedy" (pass@1).
-        max_new_tokens: default generation budget.
-    """
-
-    name: str
-    display: str
-    template: str
-    verifier: str
-    decoding: Decoding = "sample"
-    max_new_tokens: int = 2048
-
-    def __post_init__(self) -> None:
-        if self.decoding not in ("sample", "greedy"):
-            raise ValueError(f"decoding must be 'sample' or 'greedy', got {self.decoding!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-    @property
-    def runs_code(self) -> bool:
-        """Whether scoring executes the model's output (in the code sandbox)."""
-        return self.verifier in CODE_VERIFIERS
-
-
-_SPECS: Registry[BenchmarkSpec] = Registry("benchmark")
-
-
-def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
-    """Add a spec; a duplicate name raises ValueError."""
-    return _SPECS.add(spec.name, spec)
-
-
-for _spec in (
-    # the paper's five math benchmarks (Table 1 column order) and the other math sets
-    BenchmarkSpec("aime24", "AIME24", "math", "math"),
-    BenchmarkSpec("amc23", "AMC23", "math", "math"),
-    BenchmarkSpec("math500", "MATH-500", "math", "math"),
-    BenchmarkSpec("minerva", "Minerva", "math", "math"),
-    BenchmarkSpec("olympiadbench", "OlympiadBench", "math", "math"),
-    BenchmarkSpec("gsm8k", "GSM8K", "math", "math"),
-    BenchmarkSpec("math12k", "MATH-12K", "math", "math"),
-    # commonsense (Tables 4-5, right)
-    BenchmarkSpec("csqa", "CS-QA", "commonsense_choice", "choice"),
-    BenchmarkSpec("csqa2", "CS-QA2", "commonsense_yesno", "yes_no"),
-    # code (Tables 4-5, left): greedy pass@1
-    BenchmarkSpec("humaneval", "HumanEval", "code", "humaneval", "greedy"),
-    BenchmarkSpec("mbpp", "MBPP", "code", "mbpp", "greedy"),
-):
-    register_benchmark(_spec)
-
-PAPER_MATH_BENCHMARKS = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
-"""The five math benchmarks of the paper's Tables 1, 2, 6 and 7, in its column order."""
-
-
-def _loader_names() -> list[str]:
-    from gmts.data.datasets import available_benchmarks
-
-    return list(available_benchmarks())
 
 
 def _task_names() -> list[str]:
@@ -101,23 +28,31 @@ def _task_names() -> list[str]:
 
 
 def available_eval_benchmarks() -> list[str]:
-    """Every name ``gmts eval`` accepts: dataset benchmarks with a spec, then ``builtin:*``."""
-    loaders = set(_loader_names())
-    names = [name for name in _SPECS if name in loaders]
-    return names + [BUILTIN_PREFIX + t for t in _task_names()]
+    """Every name ``gmts eval`` accepts: the registered benchmarks, then ``builtin:*``."""
+    return available_benchmarks() + [BUILTIN_PREFIX + t for t in _task_names()]
 
 
-def get_spec(name: str) -> BenchmarkSpec:
-    """The spec of a dataset benchmark or a ``builtin:<task>``; unknown names list valid ones."""
-    if name.startswith(BUILTIN_PREFIX):
-        task_name = name[len(BUILTIN_PREFIX) :]
-        if task_name in _task_names():
-            from gmts.embedded.tasks import get_task
+def _builtin(name: str) -> Benchmark:
+    """A built-in task as a benchmark: its held-out questions, scored by the task's reward."""
+    from gmts.embedded.tasks import get_task
 
-            task = get_task(task_name)
-            return BenchmarkSpec(name, name, "plain", "task", "sample", task.max_new_tokens)
-    elif name in _SPECS and name in _loader_names():
-        return _SPECS.get(name)
+    task = get_task(name[len(BUILTIN_PREFIX) :])
+
+    def score(completion: str, item: Any, **_: Any) -> tuple[float, Any]:
+        return float(task.reward(completion, item.answer)), completion
+
+    verifier = Verifier(f"task:{task.name}", score)
+    return Benchmark(
+        name, name, {}, "held-out", None, "plain", verifier, "sample", task.max_new_tokens
+    )
+
+
+def get_spec(name: str) -> Benchmark:
+    """The benchmark ``name`` (registered or ``builtin:<task>``); unknown names list valid ones."""
+    if name.startswith(BUILTIN_PREFIX) and name[len(BUILTIN_PREFIX) :] in _task_names():
+        return _builtin(name)
+    if name in available_benchmarks():
+        return get_benchmark(name)
     raise ValueError(
         f"unknown benchmark {name!r}; valid benchmarks: {', '.join(available_eval_benchmarks())}"
     )
@@ -180,28 +115,9 @@ Scorer = Callable[[str, EvalItem], tuple[float, Any]]
 class EvalBenchmark:
     """A loaded benchmark: spec, items in file order, and its scorer."""
 
-    spec: BenchmarkSpec
+    spec: Benchmark
     items: list[EvalItem]
     score: Scorer
-
-
-def _verifier_scorer(verifier: str) -> Scorer:
-    """Scorer for the answer verifiers: (reward, what the verifier extracted)."""
-    import gmts.rewards as rewards
-    from gmts.rewards.boxed import extract_boxed
-    from gmts.rewards.choice import extract_choice, extract_yes_no
-
-    pairs = {
-        "math": (rewards.math_reward, extract_boxed),
-        "choice": (rewards.choice_reward, extract_choice),
-        "yes_no": (rewards.yes_no_reward, extract_yes_no),
-    }
-    reward, extract = pairs[verifier]
-
-    def score(completion: str, item: EvalItem) -> tuple[float, Any]:
-        return float(reward(completion, item.answer)), extract(completion)
-
-    return score
 
 
 def code_sandbox(benchmarks: list[str], sandbox: str | None = None) -> str | None:
@@ -219,22 +135,7 @@ def code_sandbox(benchmarks: list[str], sandbox: str | None = None) -> str | Non
     return check_sandbox(sandbox)
 
 
-def _code_scorer(kind: str, timeout: float, backend: str) -> Scorer:
-    """Scorer for HumanEval / MBPP: run the extracted program against the tests in sandbox
-    ``backend`` (as checked by :func:`code_sandbox`)."""
-    import gmts.rewards as rewards
-
-    build = rewards.humaneval_program if kind == "humaneval" else rewards.mbpp_program
-
-    def score(completion: str, item: EvalItem) -> tuple[float, Any]:
-        program, tests = build(completion, item)  # item has .meta and .answer like an Example
-        reward = rewards.code_reward(program, tests, timeout=timeout, backend=backend)
-        return float(reward), rewards.extract_code_block(completion)
-
-    return score
-
-
-def prompt_question(spec: BenchmarkSpec, question: str, meta: Mapping[str, Any]) -> tuple[str, Any]:
+def prompt_question(spec: Benchmark, question: str, meta: Mapping[str, Any]) -> tuple[str, Any]:
     """The question text and choices that go into the template for one loaded example.
 
     - multiple choice: the loader writes the lettered options into the question and keeps the
@@ -248,7 +149,7 @@ def prompt_question(spec: BenchmarkSpec, question: str, meta: Mapping[str, Any])
         if isinstance(choices, Mapping) and choices.get("label") and meta.get("stem"):
             return str(meta["stem"]), list(zip(choices["label"], choices["text"]))
         return question, None
-    if spec.verifier == "mbpp" and meta.get("test_list"):
+    if spec.verifier.name == "mbpp" and meta.get("test_list"):
         return f"{question}\nYour code should pass this test:\n{meta['test_list'][0]}", None
     return question, None
 
@@ -279,32 +180,29 @@ def load_eval_benchmark(
         raise ValueError(f"limit must be >= 1, got {limit}")
     spec = get_spec(name)
     backend = code_sandbox([name], sandbox)  # checked before loading anything
-    if spec.verifier == "task":
+    if name.startswith(BUILTIN_PREFIX):
         from gmts.embedded.tasks import get_task
 
-        task = get_task(name[len(BUILTIN_PREFIX) :])
-        problems = task.held_out(limit or 200)
+        problems = get_task(name[len(BUILTIN_PREFIX) :]).held_out(limit or 200)
         items = [
             EvalItem(id=str(i), question=p.prompt, answer=p.answer, prompt=p.prompt)
             for i, p in enumerate(problems)
         ]
-        return EvalBenchmark(spec, items, lambda c, item: (float(task.reward(c, item.answer)), c))
-
-    from gmts.data.datasets import load_benchmark
-
-    examples = load_benchmark(name, data_dir=data_dir, limit=limit)
-    items = []
-    for ex in examples:
-        meta = dict(ex.meta or {})
-        text, choices = prompt_question(spec, ex.question, meta)
-        prompt = format_prompt(tokenizer, text, template=spec.template, choices=choices)
-        items.append(EvalItem(str(ex.id), ex.question, str(ex.answer), prompt, meta))
-    counts = Counter(item.id for item in items)
-    if len(counts) != len(items):  # ids are the resume key: duplicates would mix results
-        dup = sorted(i for i, c in counts.items() if c > 1)[:5]
-        raise ValueError(f"benchmark {name!r} has duplicate question ids: {', '.join(dup)}")
-    if backend is not None:
-        scorer = _code_scorer(spec.verifier, code_timeout, backend)
     else:
-        scorer = _verifier_scorer(spec.verifier)
-    return EvalBenchmark(spec, items, scorer)
+        from gmts.data.benchmarks import load_benchmark
+
+        items = []
+        for ex in load_benchmark(name, data_dir=data_dir, limit=limit):
+            meta = dict(ex.meta or {})
+            text, choices = prompt_question(spec, ex.question, meta)
+            prompt = format_prompt(tokenizer, text, template=spec.template, choices=choices)
+            items.append(EvalItem(str(ex.id), ex.question, str(ex.answer), prompt, meta))
+        counts = Counter(item.id for item in items)
+        if len(counts) != len(items):  # ids are the resume key: duplicates would mix results
+            dup = sorted(i for i, c in counts.items() if c > 1)[:5]
+            raise ValueError(f"benchmark {name!r} has duplicate question ids: {', '.join(dup)}")
+
+    def score(completion: str, item: EvalItem) -> tuple[float, Any]:
+        return spec.verifier.score(completion, item, backend=backend, timeout=code_timeout)
+
+    return EvalBenchmark(spec, items, score)

@@ -1,7 +1,7 @@
 """Turn a model's markdown answer into a runnable program plus tests (HumanEval, MBPP).
 
 `extract_code_block` finds the code; `humaneval_program` / `mbpp_program` assemble it with the
-benchmark's tests. A ``problem`` is either an `Example` from `gmts.data.datasets.load_benchmark`
+benchmark's tests. A ``problem`` is either an `Example` from `gmts.data.benchmarks.load_benchmark`
 (fields in ``.meta``, test code in ``.answer``) or the benchmark's raw row (a dict).
 """
 

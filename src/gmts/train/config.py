@@ -79,7 +79,7 @@ class DataConfig:
     )
     dataset: str | None = _f(
         None,
-        "Training questions (overrides data.task): a benchmark of gmts.data.datasets (e.g. "
+        "Training questions (overrides data.task): a benchmark of gmts.data.benchmarks (e.g. "
         "math12k, read from $GMTS_DATA_DIR or ../shared/data) or a .jsonl/.jsonl.gz/.json/"
         ".parquet file.",
     )

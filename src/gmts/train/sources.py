@@ -50,20 +50,21 @@ class TaskSource:
 def load_examples(
     dataset: str, *, split: str | None, question_field: str, answer_field: str
 ) -> list[tuple[str, str]]:
-    """(question, answer) pairs of a registered benchmark (``gmts.data.datasets``, e.g.
+    """(question, answer) pairs of a registered benchmark (``gmts.data.benchmarks``, e.g.
     ``math12k``) or of a local .jsonl / .jsonl.gz / .json / .parquet file."""
     from gmts.data import datasets as ds
+    from gmts.data.benchmarks import available_benchmarks, load_benchmark
 
-    if dataset in ds.available_benchmarks():
+    if dataset in available_benchmarks():
         try:
-            examples = ds.load_benchmark(dataset, split=split)
+            examples = load_benchmark(dataset, split=split)
         except FileNotFoundError as exc:
             raise ValueError(f"data.dataset: {exc}") from None
     else:
         if not Path(dataset).is_file():
             raise ValueError(
                 f"data.dataset: {dataset!r} is neither a file nor a benchmark "
-                f"({ds.available_benchmarks()})"
+                f"({available_benchmarks()})"
             )
         try:
             examples = ds.load_jsonl_dataset(dataset, question_field, answer_field)

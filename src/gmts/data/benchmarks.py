@@ -1,0 +1,293 @@
+"""The named benchmarks: each registered once with its files, row parser, prompt template,
+verifier and decoding, so that loading (training data, ``gmts eval``) and scoring read one
+record.
+
+The paper's protocol: math and commonsense benchmarks are sampled (average@16 at temperature
+1.0); code benchmarks are decoded greedily and scored pass@1. Files are read from the data
+folder of :func:`gmts.data.datasets.resolve_data_dir` (never copied into the repository).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gmts._registry import Registry
+from gmts.data.datasets import (
+    Example,
+    RowParser,
+    _check_limit,
+    _collect,
+    read_records,
+    resolve_data_dir,
+)
+from gmts.rewards.verifiers import Verifier, get_verifier
+
+__all__ = [
+    "Benchmark",
+    "available_benchmarks",
+    "get_benchmark",
+    "load_benchmark",
+    "register_benchmark",
+]
+
+Decoding = Literal["sample", "greedy"]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: where it lives, how its rows become Examples, how it is evaluated.
+
+    Attributes:
+        name: the name ``load_benchmark`` and ``gmts eval --benchmarks`` take.
+        display: column header in the results table (the paper's spelling).
+        splits: split name -> file path relative to the data folder.
+        default_split: the split loaded when none is asked for (its evaluation split).
+        parse_row: ``(row, index, split) -> Example``; None for a benchmark not read from files
+            (``gmts eval``'s ``builtin:<task>``).
+        template: prompt template name (:mod:`gmts.data.prompts`).
+        verifier: how a completion is scored (:mod:`gmts.rewards.verifiers`).
+        decoding: "sample" (average@n at the chosen temperature) or "greedy" (pass@1).
+        max_new_tokens: default generation budget.
+        keep: optional row filter per split (MBPP selects task-id ranges from one file).
+    """
+
+    name: str
+    display: str
+    splits: Mapping[str, str]
+    default_split: str
+    parse_row: RowParser | None
+    template: str
+    verifier: Verifier
+    decoding: Decoding = "sample"
+    max_new_tokens: int = 2048
+    keep: Callable[[dict[str, Any], str], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.decoding not in ("sample", "greedy"):
+            raise ValueError(f"decoding must be 'sample' or 'greedy', got {self.decoding!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.splits and self.default_split not in self.splits:
+            raise ValueError(f"default_split {self.default_split!r} is not one of the splits")
+
+    @property
+    def runs_code(self) -> bool:
+        """Whether scoring executes the model's output (in the code sandbox)."""
+        return self.verifier.runs_code
+
+
+_BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+
+
+def register_benchmark(benchmark: Benchmark) -> Benchmark:
+    """Add ``benchmark`` under its name (a duplicate raises ValueError)."""
+    return _BENCHMARKS.add(benchmark.name, benchmark)
+
+
+def get_benchmark(name: str) -> Benchmark:
+    """The benchmark called ``name``; an unknown name raises ValueError listing valid ones."""
+    return _BENCHMARKS.get(name)
+
+
+def available_benchmarks() -> list[str]:
+    """Names `load_benchmark` accepts, in registration order."""
+    return list(_BENCHMARKS)
+
+
+# ----------------------------------------------------------------------------- row parsers
+
+
+def _normalize_math(answer: Any) -> str:
+    from gmts.rewards.math_answer import normalize_answer  # stdlib-only module, cheap
+
+    return normalize_answer(answer)
+
+
+def _last_boxed(text: str) -> str:
+    from gmts.rewards.boxed import extract_boxed
+
+    return extract_boxed(text) or ""
+
+
+def _lettered(stem: str, labels: list[str], texts: list[str]) -> str:
+    options = "\n".join(f"{label}. {text}" for label, text in zip(labels, texts))
+    return f"{stem}\n{options}"
+
+
+def _math_row(question_key: str, id_key: str | None) -> RowParser:
+    def parse(row: dict[str, Any], index: int, split: str) -> Example:
+        raw = row.get("answer")
+        meta = {k: v for k, v in row.items() if k not in (question_key,)}
+        meta["raw_answer"] = raw
+        row_id = str(row[id_key]) if id_key and row.get(id_key) is not None else str(index)
+        return Example(row_id, str(row[question_key]), _normalize_math(raw), meta)
+
+    return parse
+
+
+def _minerva_row(row: dict[str, Any], index: int, split: str) -> Example:
+    gold = _last_boxed(str(row.get("solution", "")))
+    meta = {k: v for k, v in row.items() if k != "problem"}
+    meta["raw_answer"] = gold
+    return Example(str(row.get("idx", index)), str(row["problem"]), _normalize_math(gold), meta)
+
+
+def _olympiad_row(row: dict[str, Any], index: int, split: str) -> Example:
+    finals = row.get("final_answer") or []
+    if isinstance(finals, str):
+        finals = [finals]
+    # one string per row in practice; several would be one comma-separated answer
+    gold = ",".join(_normalize_math(part) for part in finals)
+    question = str(row["question"])
+    if row.get("context"):
+        question = f"{row['context']}\n\n{question}"
+    meta = {k: v for k, v in row.items() if k != "question"}
+    meta["raw_answer"] = finals
+    return Example(str(row.get("id", index)), question, gold, meta)
+
+
+def _gsm8k_row(row: dict[str, Any], index: int, split: str) -> Example:
+    solution = str(row.get("answer", ""))
+    gold = solution.split("####")[-1].strip().replace(",", "") if "####" in solution else ""
+    meta = {"solution": solution, "raw_answer": gold}
+    return Example(f"gsm8k-{split}-{index}", str(row["question"]), _normalize_math(gold), meta)
+
+
+def _csqa_row(row: dict[str, Any], index: int, split: str) -> Example:
+    choices = row.get("choices") or {}
+    labels = [str(label) for label in choices.get("label", [])]
+    texts = [str(text) for text in choices.get("text", [])]
+    stem = str(row["question"])
+    meta = {
+        "stem": stem,
+        "choices": {"label": labels, "text": texts},
+        "question_concept": row.get("question_concept"),
+    }
+    answer = str(row.get("answerKey") or "").strip().upper()
+    return Example(str(row.get("id", index)), _lettered(stem, labels, texts), answer, meta)
+
+
+def _csqa2_row(row: dict[str, Any], index: int, split: str) -> Example:
+    answer = str(row.get("answer") or "").strip().lower()
+    meta = {k: v for k, v in row.items() if k in ("confidence", "date", "relational_prompt")}
+    return Example(str(row.get("id", index)), str(row["question"]), answer, meta)
+
+
+def _humaneval_row(row: dict[str, Any], index: int, split: str) -> Example:
+    entry_point = str(row["entry_point"])
+    tests = f"{row['test']}\n\ncheck({entry_point})\n"
+    meta = {
+        "task_id": row.get("task_id"),
+        "prompt": row["prompt"],
+        "entry_point": entry_point,
+        "canonical_solution": row.get("canonical_solution", ""),
+        "test": row["test"],
+    }
+    return Example(str(row.get("task_id", index)), str(row["prompt"]), tests, meta)
+
+
+_ASSERT_CALL = re.compile(r"assert\s+\(?\s*(?:not\s+)?\(?\s*(?:set\()?\s*([A-Za-z_]\w*)\s*\(")
+
+
+def _mbpp_row(row: dict[str, Any], index: int, split: str) -> Example:
+    test_list = [str(test) for test in row.get("test_list", [])]
+    setup = str(row.get("test_setup_code") or "")
+    tests = setup + "\n" + "\n".join(test_list) + "\n"
+    match = _ASSERT_CALL.search(test_list[0]) if test_list else None
+    meta = {
+        "task_id": row.get("task_id"),
+        "text": row.get("text"),
+        "test_list": test_list,
+        "test_setup_code": setup,
+        "canonical_solution": row.get("code", ""),
+        "entry_point": match.group(1) if match else None,
+    }
+    return Example(f"mbpp/{row.get('task_id', index)}", str(row["text"]), tests, meta)
+
+
+# ----------------------------------------------------------------------------- benchmark table
+
+
+def _mbpp_keep(row: dict[str, Any], split: str) -> bool:
+    # the upstream README's split of task ids
+    low, high = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600)}.get(
+        split, (601, 974)
+    )
+    return low <= int(row["task_id"]) <= high
+
+
+# ----------------------------------------------------------------------------- the table
+
+_MATH, _CHOICE, _YES_NO = get_verifier("math"), get_verifier("choice"), get_verifier("yes_no")
+_HUMANEVAL, _MBPP = get_verifier("humaneval"), get_verifier("mbpp")
+_MBPP_SPLITS = {split: "code/mbpp.jsonl" for split in ("test", "train", "validation", "prompt")}
+
+# fmt: off
+for _benchmark in (
+    # the paper's five math benchmarks (Table 1 column order) and the other math sets
+    Benchmark("aime24", "AIME24", {"test": "math/aime24_test.jsonl"}, "test",
+              _math_row("problem", "id"), "math", _MATH),
+    Benchmark("amc23", "AMC23", {"test": "math/amc23_test.jsonl"}, "test",
+              _math_row("problem", "id"), "math", _MATH),
+    Benchmark("math500", "MATH-500", {"test": "math/math500_test.jsonl"}, "test",
+              _math_row("problem", "unique_id"), "math", _MATH),
+    Benchmark("minerva", "Minerva", {"test": "math/minerva_math_test.jsonl"}, "test",
+              _minerva_row, "math", _MATH),
+    Benchmark("olympiadbench", "OlympiadBench", {"test": "math/olympiadbench_test.jsonl"},
+              "test", _olympiad_row, "math", _MATH),
+    Benchmark("gsm8k", "GSM8K", {"test": "gsm8k/test.jsonl", "train": "gsm8k/train.jsonl"},
+              "test", _gsm8k_row, "math", _MATH),
+    Benchmark("math12k", "MATH-12K", {"train": "math/math12k_train.jsonl.gz"}, "train",
+              _math_row("problem", "unique_id"), "math", _MATH),
+    # commonsense (Tables 4-5, right)
+    Benchmark("csqa", "CS-QA", {"dev": "commonsense/csqa_dev.jsonl"}, "dev", _csqa_row,
+              "commonsense_choice", _CHOICE),
+    Benchmark("csqa2", "CS-QA2", {"dev": "commonsense/csqa2_dev.jsonl",
+                                  "train": "commonsense/csqa2_train.jsonl"}, "dev",
+              _csqa2_row, "commonsense_yesno", _YES_NO),
+    Benchmark("csqa2_train", "CS-QA2 (train)", {"train": "commonsense/csqa2_train.jsonl"},
+              "train", _csqa2_row, "commonsense_yesno", _YES_NO),
+    # code (Tables 4-5, left): greedy pass@1
+    Benchmark("humaneval", "HumanEval", {"test": "code/HumanEval.jsonl.gz"}, "test",
+              _humaneval_row, "code", _HUMANEVAL, "greedy"),
+    Benchmark("mbpp", "MBPP", _MBPP_SPLITS, "test", _mbpp_row, "code", _MBPP, "greedy",
+              keep=_mbpp_keep),
+):
+    register_benchmark(_benchmark)
+# fmt: on
+
+
+def load_benchmark(
+    name: str,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+) -> list[Example]:
+    """Examples of benchmark ``name`` (see `available_benchmarks`), in file order.
+
+    Args:
+        name: e.g. "math500", "aime24", "csqa", "humaneval", "mbpp".
+        data_dir: the data folder (see `resolve_data_dir` for the default).
+        split: one of the benchmark's splits (default: its evaluation split; MBPP "test" is
+            task ids 11-510).
+        limit: keep only the first ``limit`` good examples.
+    """
+    spec = get_benchmark(name)
+    split = spec.default_split if split is None else split
+    if split not in spec.splits:
+        raise ValueError(f"benchmark {name!r} has no split {split!r}; splits: {list(spec.splits)}")
+    _check_limit(limit)
+    path = resolve_data_dir(data_dir) / spec.splits[split]
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark {name!r} ({split}): file not found at {path}")
+    rows = (
+        (index, row)
+        for index, row in enumerate(read_records(path))
+        if spec.keep is None or spec.keep(row, split)
+    )
+    return _collect(rows, spec.parse_row, split, limit, f"{name} ({split})")
