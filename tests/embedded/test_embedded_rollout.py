@@ -75,18 +75,14 @@ def _generated(roll: Rollout) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-@pytest.mark.parametrize("sampler", ["cache-loop", "generate"])
-def test_left_padded_greedy_matches_one_by_one(models, tok, arch, sampler):
+def test_left_padded_greedy_matches_one_by_one(models, tok, arch):
     model = models[arch]
-    roll = generate_rollouts(
-        model, tok, PROMPTS, num_samples=2, max_new_tokens=9, temperature=0.0, sampler=sampler
-    )
+    roll = generate_rollouts(model, tok, PROMPTS, num_samples=2, max_new_tokens=9, temperature=0.0)
     expected = [_reference_greedy(model, tok, p, 9) for p in PROMPTS for _ in range(2)]
     assert _generated(roll) == expected
 
 
-@pytest.mark.parametrize("sampler", ["cache-loop", "generate"])
-def test_stop_token_ids(models, tok, sampler):
+def test_stop_token_ids(models, tok):
     model = models["llama"]
     stop = [tok.convert_tokens_to_ids(c) for c in "0123"] + [tok.eos_token_id]
     roll = generate_rollouts(
@@ -96,7 +92,6 @@ def test_stop_token_ids(models, tok, sampler):
         num_samples=1,
         max_new_tokens=9,
         temperature=0.0,
-        sampler=sampler,
         stop_token_ids=stop,
     )
     assert _generated(roll) == [_reference_greedy(model, tok, p, 9, stop) for p in PROMPTS]
@@ -218,14 +213,11 @@ def test_bad_arguments(models, tok):
         generate_rollouts(model, tok, [], num_samples=1, max_new_tokens=3)
     with pytest.raises(ValueError, match="problems must be"):
         generate_rollouts(model, tok, [3], num_samples=1, max_new_tokens=3)
-    with pytest.raises(ValueError, match="sampler"):
-        generate_rollouts(model, tok, PROMPTS, num_samples=1, max_new_tokens=3, sampler="vllm")
     with pytest.raises(ValueError, match="temperature"):
         generate_rollouts(model, tok, PROMPTS, num_samples=1, max_new_tokens=3, temperature=-1)
 
 
-@pytest.mark.parametrize("sampler", ["cache-loop", "generate"])
-def test_samples_follow_the_plain_softmax(tok, sampler):
+def test_samples_follow_the_plain_softmax(tok):
     """First-token frequencies match softmax(logits / T), whatever the model's generation_config
     says (a model shipping top_k=1 and a repetition penalty must not change RL sampling)."""
     model = build_tiny_model(
@@ -247,7 +239,6 @@ def test_samples_follow_the_plain_softmax(tok, sampler):
         max_new_tokens=1,
         temperature=temperature,
         seed=0,
-        sampler=sampler,
     )
     freq = torch.bincount(roll.response_ids[:, 0], minlength=probs.numel()).float() / n
     assert probs.max() < 0.9  # not degenerate
@@ -258,8 +249,7 @@ def test_samples_follow_the_plain_softmax(tok, sampler):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-@pytest.mark.parametrize("sampler", ["cache-loop", "generate"])
-def test_sampling_emits_no_deprecation_warning(models, tok, arch, sampler):
+def test_sampling_emits_no_deprecation_warning(models, tok, arch):
     """No FutureWarning/DeprecationWarning from transformers while sampling (the cache is passed
     under the name the installed version's forward declares)."""
     import inspect
@@ -269,9 +259,7 @@ def test_sampling_emits_no_deprecation_warning(models, tok, arch, sampler):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         warnings.simplefilter("error", DeprecationWarning)
-        roll = generate_rollouts(
-            model, tok, PROMPTS, num_samples=2, max_new_tokens=4, seed=0, sampler=sampler
-        )
+        roll = generate_rollouts(model, tok, PROMPTS, num_samples=2, max_new_tokens=4, seed=0)
     assert roll.response_lengths.min() >= 1
     if "cache" in inspect.signature(model.forward).parameters:
         # control: on such versions the old argument name does warn, so the check above has power

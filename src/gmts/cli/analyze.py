@@ -120,9 +120,8 @@ SMALL_MODEL_PARAMETERS = 10_000_000
 def _default_threads(model: Any, device: Any) -> int | None:
     """1 CPU thread for small models, else torch's default (None).
 
-    On small models every op is tiny, so intra-op threads only add synchronisation: on the
-    2 shared cores of the development machine (load ~16), K=2 x G=8 on the demo model took
-    1.0 s CPU / 2.5 s wall with 1 thread and 31.7 s CPU / 68 s wall with 2.
+    On small models every op is tiny, so intra-op threads only add synchronisation
+    (measurements: docs/analysis.md).
     """
     if device.type != "cpu":
         return None

@@ -265,7 +265,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="torch.set_num_threads (threads; the recipe says 1: the tiny model's matrices are "
-        "small, and on a busy 2-core machine 2 threads measured 4-7x slower per step).",
+        "small, so more threads mostly synchronise; see docs/training.md).",
     )
     parser.add_argument(
         "--methods",

@@ -203,11 +203,8 @@ register_task(
         description="2-3 digit addition (the demo task): 037+485= -> 225>522$",
     )
 )
-# Measured with the default warm start (800 steps, noise 0.3, 1 thread, seed 0; avg@16 / pass@16 /
-# greedy on 200 held-out questions): addition 0.32 / 0.995 / 1.00; addition-long 0.20 / 0.92 /
-# 0.94; multiplication 0.03 / 0.18 / 0.08. Operands of 4-5 digits (width 5) stayed at 0.00 after
-# 800 steps (1600 steps: 0.16 / 0.885 / 0.98), so "addition-long" stops at 4 digits and every
-# task works with the one default recipe.
+# "addition-long" stops at 4 digits: with 4-5 digit operands the default warm-start recipe
+# learned nothing in its step budget, and every task should work with the one recipe.
 register_task(
     Task(
         "addition-long",

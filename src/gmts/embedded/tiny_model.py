@@ -3,7 +3,7 @@
 The default (GPT-2, 2 layers, width 128, 4 heads, MLP 4x, learned positions, ~0.4M parameters)
 matches the plain-PyTorch prototype that learned 2-3 digit addition by RLVR on 2 CPU cores
 (../shared/notes/embedded-task-calibration.md). Llama and Qwen2 are offered for tests of the
-"any Hugging Face causal LM" paths; they were 1.2-1.6x slower per step in that calibration.
+"any Hugging Face causal LM" paths; they were slower per step in that calibration.
 
 The weights are initialised here (``init_weights``), not by transformers: transformers changed
 GPT-2's initialisation between 5.10 and 5.24 (the residual projections became scaled, and the
@@ -108,7 +108,7 @@ def _hf_config(tokenizer: PreTrainedTokenizerBase, config: TinyModelConfig):
             embd_pdrop=config.dropout,
             attn_pdrop=config.dropout,
             # exact GELU is one fused kernel; GPT-2's tanh approximation ("gelu_new") costs
-            # five elementwise passes and made the whole forward ~2.3x slower on 2 CPU cores.
+            # five elementwise passes, a large share of the tiny model's forward on a CPU.
             activation_function="gelu",
             **common,
         )

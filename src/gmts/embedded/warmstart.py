@@ -7,10 +7,9 @@ loss on the completion only (batch 128, AdamW 1e-3, 50 warm-up steps, clip 1.0; 
 ../shared/notes/embedded-task-calibration.md). It stops as soon as the greedy answer is right on
 35% of a fixed set of training questions (checked every 10 steps, at most 2,000 steps): the
 warm-up's accuracy jumps from near 0 to near 1 within a few hundred steps, at a step that moves
-with the seed (measured: 390-1,000 steps for seeds 0-4), so a fixed step count would give one
-seed a model that knows nothing and another a model RL can only sharpen. Stopped early, the warm
-model's held-out average@16 is 6-8% (greedy accuracy 0.3-0.4) for seeds 0-2, leaving RL room to
-add ability, not only to remove the copied noise.
+with the seed, so a fixed step count would give one seed a model that knows nothing and another
+a model RL can only sharpen. Stopped early, the warm model leaves RL room to add ability, not
+only to remove the copied noise (docs/training.md has the measured steps and accuracies).
 
 The result is a Hugging Face model directory (model + tokenizer + ``warmstart.json`` with the
 settings and the held-out scores), written atomically (temporary directory, then rename) under a

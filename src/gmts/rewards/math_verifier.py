@@ -46,7 +46,7 @@ from gmts.rewards.math_answer import (
     strings_match,
 )
 
-# first start imports SymPy and math-verify; on a loaded 2-core machine that takes seconds
+# the first start imports SymPy and math-verify, which can take seconds on a busy machine
 WORKER_START_TIMEOUT_S = 120.0
 _READY = "ready"
 _SERVER_SCRIPT = Path(__file__).with_name("_math_server.py")

@@ -6,10 +6,10 @@ EOS; the response mask is built from the lengths (EOS included), never from toke
 pad token equal to EOS is safe. Sampling draws from one ``torch.Generator`` seeded per call:
 the same seed gives the same rollouts.
 
-Two samplers are offered: a hand-written loop that feeds one token per step against a
-``transformers.DynamicCache`` (the default; faster on the tiny model, see the module's
-``SAMPLERS`` note) and ``model.generate``. The loop passes the cache object under the name the
-model's ``forward`` declares (``cache`` in current transformers, ``past_key_values`` up to about
+The sampler is a hand-written loop that feeds one token per step against a
+``transformers.DynamicCache`` (on the tiny model it was faster than ``model.generate``, and it
+samples the plain softmax at the temperature, with none of a model's generation_config
+defaults). The loop passes the cache object under the name the model's ``forward`` declares (``cache`` in current transformers, ``past_key_values`` up to about
 5.2x, where ``past_key_values`` now raises a FutureWarning) and never reads the deprecated output
 field: the cache is updated in place.
 """
@@ -24,10 +24,6 @@ from typing import Any
 import torch
 
 from gmts.sampling.sequences import PromptResponse, position_ids_from_mask
-
-SAMPLERS = ("cache-loop", "generate")
-"""Measured on the tiny model (2 CPU cores, 3,200 rows x 10 new tokens): see docs of
-``generate_rollouts``; "cache-loop" is the default."""
 
 
 @dataclass
@@ -298,52 +294,6 @@ def _sample_cache_loop(
     return torch.stack(tokens, dim=1), lengths
 
 
-def _sample_generate(
-    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, stop_ids, pad_id
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk with ``model.generate`` (seeded through the global RNG in a forked context)."""
-    device = prompt_ids.device
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-    from transformers import GenerationConfig
-
-    # The sampling distribution must be the plain softmax at ``temperature``: generate() fills
-    # every unset field from the model's generation_config (Qwen ships top_k=20, top_p=0.8,
-    # repetition_penalty=1.05) and then from global defaults (top_k=50). So the model's config is
-    # swapped for a clean one during the call and top-k/top-p are disabled explicitly.
-    config = GenerationConfig(
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else 1.0,
-        top_k=0,
-        top_p=1.0,
-        min_p=None,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=0,
-        eos_token_id=stop_ids.tolist(),
-        pad_token_id=pad_id,
-    )
-    fork_devices = [device] if device.type == "cuda" else []
-    saved_config = model.generation_config
-    model.generation_config = GenerationConfig()
-    try:
-        with torch.random.fork_rng(devices=fork_devices):
-            torch.manual_seed(seed)
-            sequences = model.generate(
-                input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=config
-            )
-    finally:
-        model.generation_config = saved_config
-    response = sequences[:, prompt_ids.shape[1] :]  # (b, T)
-    width = response.shape[1]
-    is_eos = torch.isin(response, stop_ids)
-    first_eos = torch.where(
-        is_eos.any(dim=1),
-        is_eos.float().argmax(dim=1),
-        torch.full_like(is_eos[:, 0], width, dtype=torch.long),
-    )
-    lengths = torch.clamp(first_eos + 1, max=width)
-    return response, lengths
-
-
 @torch.no_grad()
 def generate_rollouts(
     model: torch.nn.Module,
@@ -355,7 +305,6 @@ def generate_rollouts(
     temperature: float = 1.0,
     batch_size: int | None = None,
     seed: int | None = None,
-    sampler: str = "cache-loop",
     add_special_tokens: bool = False,
     stop_token_ids: Sequence[int] | None = None,
 ) -> Rollout:
@@ -372,7 +321,6 @@ def generate_rollouts(
         temperature: softmax temperature; 0 samples greedily.
         batch_size: rows per forward chunk (None: all B = Q * G rows at once).
         seed: seeds the sampling generator; None draws one from torch's global RNG.
-        sampler: "cache-loop" (hand-written KV-cache loop) or "generate" (``model.generate``).
         add_special_tokens: passed to the tokenizer when encoding prompts (True adds e.g. a BOS).
         stop_token_ids: ids that end a row (the end token is kept in the response and mask).
             None: the tokenizer's eos plus the model's ``generation_config.eos_token_id`` (chat
@@ -389,8 +337,6 @@ def generate_rollouts(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {list(SAMPLERS)}, got {sampler!r}")
     if len(problems) == 0:
         raise ValueError("problems must not be empty")
     eos_id = tokenizer.eos_token_id
@@ -415,13 +361,12 @@ def generate_rollouts(
         seed = int(torch.randint(0, 2**62, (1,)).item())
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
-    sample = _sample_cache_loop if sampler == "cache-loop" else _sample_generate
     chunk = batch_size or rows
     was_training = model.training
     model.eval()
     try:
         pieces = [
-            sample(
+            _sample_cache_loop(
                 model,
                 prompt_ids[start : start + chunk],
                 prompt_mask[start : start + chunk],

@@ -1,0 +1,97 @@
+"""The packages of gmts form layers: each imports only the layers below it (docs/architecture.md).
+
+Every import is checked, the lazy ones inside functions too. There is no exceptions list: a
+new upward import fails here, naming the file and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gmts"
+
+LAYERS: list[tuple[str, ...]] = [
+    ("_registry", "configuration"),  # generic utilities
+    ("core",),  # torch only: the method
+    ("rewards",),
+    ("data",),
+    ("sampling",),
+    ("embedded",),
+    ("models",),
+    ("scale",),
+    ("eval",),
+    ("train",),
+    ("analysis",),
+    ("integrations",),
+    ("cli",),
+    ("__init__", "__main__"),  # the package's own entry points
+]
+LEVEL = {package: level for level, names in enumerate(LAYERS) for package in names}
+
+
+def _package_of(path: Path) -> str:
+    relative = path.relative_to(SRC)
+    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, gmts package) of every ``gmts.<package>`` import in the file, lazy ones too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+            if node.module == "gmts":  # from gmts import core, ...
+                modules = [f"gmts.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "gmts" and len(parts) > 1:
+                found.append((node.lineno, parts[1]))
+    return found
+
+
+def test_every_package_has_a_layer():
+    packages = {_package_of(p) for p in SRC.rglob("*.py")}
+    assert packages <= set(LEVEL), f"packages without a layer: {sorted(packages - set(LEVEL))}"
+
+
+def test_imports_only_go_down():
+    upward = []
+    for path in sorted(SRC.rglob("*.py")):
+        package = _package_of(path)
+        for line, target in _imports(path):
+            if target == package:
+                continue
+            if target not in LEVEL:
+                upward.append(f"{path.relative_to(SRC)}:{line} imports unknown gmts.{target}")
+            elif LEVEL[target] >= LEVEL[package]:
+                upward.append(
+                    f"{path.relative_to(SRC)}:{line}: {package} (layer {LEVEL[package]}) imports "
+                    f"gmts.{target} (layer {LEVEL[target]})"
+                )
+    assert not upward, "imports that do not go down a layer:\n" + "\n".join(upward)
+
+
+def test_no_two_packages_import_each_other():
+    """Implied by the layers; kept explicit because a cycle is the failure that matters."""
+    edges: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        package = _package_of(path)
+        edges.setdefault(package, set()).update(t for _, t in _imports(path) if t != package)
+    cycles = sorted(
+        f"{a} <-> {b}" for a in edges for b in edges[a] if a < b and a in edges.get(b, ())
+    )
+    assert not cycles, cycles
+
+
+def test_the_checker_sees_lazy_and_from_imports(tmp_path):
+    """The parser finds an import hidden in a function and a ``from gmts import x``."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def f():\n    from gmts.train.trainer import Trainer\n\nfrom gmts import core\n"
+    )
+    assert sorted(t for _, t in _imports(source)) == ["core", "train"]
