@@ -165,15 +165,18 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config; a top-level ``base: other.yaml`` (relative to this file) is merged
     underneath, so variants can hold only their differences."""
+    return _read_yaml(Path(path), ())
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     import yaml
 
-    path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
-    if path.resolve() in _seen:
+    if path.resolve() in seen:
         raise ValueError(f"config 'base' cycle through {path}")
     with open(path) as fh:
         data = yaml.safe_load(fh) or {}
@@ -181,7 +184,7 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ValueError(f"{path}: expected a mapping at the top level")
     base = data.pop("base", None)
     if base is not None:
-        parent = read_yaml(path.parent / base, (*_seen, path.resolve()))
+        parent = _read_yaml(path.parent / base, (*seen, path.resolve()))
         data = deep_merge(parent, data)
     return data
 
