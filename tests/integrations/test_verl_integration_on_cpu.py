@@ -459,7 +459,8 @@ def test_launcher_refuses_dapo_on_the_legacy_trainer_before_ray_starts(tmp_path)
         f"data.val_files={tmp_path}/x.parquet",
     ]  # fmt: skip
     env = dict(os.environ, RAY_ADDRESS="127.0.0.1:1")  # a Ray start would fail differently
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    # cwd: Hydra writes its outputs/ run folder into the working directory
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "legacy trainer implements no group filtering" in out, out[-3000:]
