@@ -188,7 +188,11 @@ def test_liger_layer_kernels_are_allowed():
     cross-entropy itself) and still computes the loss in ``_compute_loss``, which GMTS
     replaces; so use_liger_kernel needs no rejection (grpo_trainer.py, __init__ and
     compute_loss)."""
-    check_trl_args(GMTSGRPOConfig(**_common(use_liger_kernel=True)))
+    args = GMTSGRPOConfig(**_common(use_liger_kernel=True))
+    assert args.use_liger_kernel is True
+    assert check_trl_args(args) is None  # raises ValueError listing problems otherwise
+    with pytest.raises(ValueError, match="delta"):  # the same check does refuse other options
+        check_trl_args(GMTSGRPOConfig(**_common(use_liger_kernel=True, delta=2.0)))
 
 
 def test_bad_gmts_fields_and_plain_config_are_rejected():
