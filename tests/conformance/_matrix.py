@@ -300,9 +300,6 @@ def trainer(preset: str, algorithm: str) -> Cell:
     return Cell(result.loss, leaf.grad)
 
 
-_TRL_LOSS_TYPE = {"grpo": "grpo", "dapo": "dapo"}
-
-
 def trl(preset: str, algorithm: str) -> Cell:
     """GMTSGRPOTrainer._compute_loss on the batch as one micro-batch, TRL's forward replaced."""
     from datasets import Dataset
@@ -328,7 +325,7 @@ def trl(preset: str, algorithm: str) -> Cell:
             max_completion_length=T,
             save_strategy="no",
             seed=0,
-            loss_type=_TRL_LOSS_TYPE[algorithm],
+            loss_type=algorithm,  # TRL names its loss types after the algorithms
             beta=obj.kl_coef,
             epsilon=obj.clip_low,
             epsilon_high=obj.clip_high,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -279,11 +280,12 @@ def test_selection_then_loss_end_to_end():
 
 
 def test_select_for_update_count_floor_and_omega_weighting():
-    """The authors' code: k = floor(rho N) and, under GRPO's aggregation, omega / |o_i|."""
+    """The authors' code: k = floor(rho N) and, under GRPO's aggregation with normalize=all,
+    omega / |o_i|; under eq. 2 (normalize=selected) the loss is a token-mean: no weight."""
     batch = _step_batch(3)
     objective = gmts.ObjectiveConfig.preset("grpo", kl_coef=0.0)
     mask = batch["response_mask"]
-    cfg = gmts.SelectionConfig(ratio=0.3, count="floor", omega_weighting=True)
+    cfg = gmts.SelectionConfig(ratio=0.3, count="floor", omega_weighting=True, normalize="all")
     result = gmts.select_for_update(cfg, objective, **{**batch, "ref_logprobs": None})
     omega = gmts.gradient_coefficient(
         batch["logprobs"].detach(), batch["old_logprobs"], batch["advantages"]
@@ -296,3 +298,7 @@ def test_select_for_update_count_floor_and_omega_weighting():
     # under token-mean the weight is 1: the ranking of plain |E * omega|
     dapo = gmts.select_for_update(cfg, gmts.ObjectiveConfig.preset("dapo"), **batch)
     torch.testing.assert_close(dapo.scores, (batch["entropy"] * omega).abs())
+    # eq. 2 under GRPO is a token-mean too
+    eq2 = dataclasses.replace(cfg, normalize="selected")
+    grpo_eq2 = gmts.select_for_update(eq2, objective, **{**batch, "ref_logprobs": None})
+    torch.testing.assert_close(grpo_eq2.scores, (batch["entropy"] * omega).abs())

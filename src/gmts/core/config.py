@@ -64,9 +64,10 @@ class SelectionConfig:
     omega_weighting: bool = field(
         default=False,
         metadata=_help(
-            "Multiply omega by the aggregation's per-token weight (1/|o_i| under GRPO's "
-            "seq-mean-token-mean) before scoring, as the authors' GRPO code folds 1/|o_i| into "
-            "the advantage. No effect under token-mean."
+            "Multiply omega by the per-token weight of the aggregation the loss applies before "
+            "scoring: 1/|o_i| under GRPO's seq-mean-token-mean with normalize=all (the authors' "
+            "GRPO code folds 1/|o_i| into the advantage); 1, no effect, under token-mean and "
+            "under eq. 2 (normalize=selected)."
         ),
     )
     normalize: str = field(default="selected", metadata=_help(NORMALIZE_HELP))

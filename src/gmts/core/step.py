@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from gmts.core import distributed as dist_utils
-from gmts.core.aggregation import get_aggregation
 from gmts.core.config import SelectionConfig
+from gmts.core.loss import LossConfig
 from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
 from gmts.core.scores import ScoreInputs, compute_scores, score_requirements
 from gmts.core.selection import select_tokens, selection_threshold
@@ -86,8 +86,9 @@ def select_for_update(
             ref_logprobs=ref_logprobs if objective.kl_coef > 0 else None,
             **objective.omega_kwargs(),
         )
-        if config.omega_weighting:
-            weights = get_aggregation(objective.aggregation).token_weights(response_mask.bool())
+        if config.omega_weighting:  # the weight of the aggregation the loss applies
+            aggregation = LossConfig.of(objective, config).aggregation(selection=True)
+            weights = aggregation.token_weights(response_mask.bool())
             omega = omega * weights.to(omega.dtype)  # (B, T)
     seed = config.seed + step
     if dist_utils.is_distributed(process_group):
