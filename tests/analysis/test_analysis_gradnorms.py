@@ -163,9 +163,8 @@ def test_core_gradient_coefficient_matches_the_token_objective():
     pg = torch.minimum(ratio * adv, ratio.clamp(0.8, 1.28) * adv)
     kl = torch.exp(ref - x) - (ref - x) - 1
     (pg - 0.1 * kl).sum().backward()
-    omega = core.gradient_coefficient(
-        lp, old, adv, clip_low=0.2, clip_high=0.28, ref_logprobs=ref, kl_coef=0.1
-    )
+    objective = core.ObjectiveConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.1)
+    omega = core.gradient_coefficient(objective, lp, old, adv, ref_logprobs=ref)
     assert torch.allclose(omega, x.grad, atol=1e-6)
 
 

@@ -128,13 +128,15 @@ def test_selection_config_defaults_presets_and_help():
         "selected",
     )
     assert (cfg.unit, cfg.count, cfg.omega_weighting) == ("mini-batch", "ceil", False)
+    assert (cfg.ties, cfg.zero_scores, cfg.omega) == ("first", "skip", "analytic")
     assert gmts.SelectionConfig.preset("paper") == cfg
     # the authors' code: GMTS per question group, ETS over the whole mini-batch
     ref = gmts.SelectionConfig.preset("reference-code")
-    assert (ref.scope, ref.normalize, ref.kl_tokens) == ("group", "all", "all")
+    assert (ref.scope, ref.normalize, ref.kl_tokens) == ("group", "per-group", "all")
     assert (ref.count, ref.omega_weighting, ref.unit) == ("floor", True, "mini-batch")
+    assert (ref.ties, ref.zero_scores) == ("last", "select")
     ref_ets = gmts.SelectionConfig.preset("reference-code", score="entropy")
-    assert ref_ets.scope == "batch"
+    assert (ref_ets.scope, ref_ets.count) == ("batch", "index")
     trl = gmts.SelectionConfig.preset("trl", score="entropy", ratio=0.5)
     assert (trl.scope, trl.unit, trl.normalize, trl.kl_tokens, trl.score, trl.ratio) == (
         "batch",
@@ -144,6 +146,7 @@ def test_selection_config_defaults_presets_and_help():
         "entropy",
         0.5,
     )
+    assert (trl.count, trl.zero_scores) == ("quantile", "select")
     assert not gmts.SelectionConfig(score="none").enabled
     for f in gmts.SelectionConfig.__dataclass_fields__.values():
         assert f.metadata.get("help"), f.name
@@ -162,6 +165,10 @@ def test_selection_config_defaults_presets_and_help():
         ({"largest": "yes"}, "largest"),
         ({"unit": "step"}, "unit"),
         ({"count": "round"}, "count"),
+        ({"count": "quantile", "scope": "group"}, "needs scope='batch'"),
+        ({"ties": "random"}, "ties"),
+        ({"zero_scores": "drop"}, "zero_scores"),
+        ({"omega": "numeric"}, "omega"),
         ({"omega_weighting": 1}, "omega_weighting"),
         ({"seed": 1.5}, "seed"),
     ],
@@ -208,11 +215,12 @@ def test_select_for_update_gmts_uses_the_objective_omega():
     cfg = gmts.SelectionConfig(ratio=0.3)
     result = gmts.select_for_update(cfg, objective, **batch)
     omega = gmts.gradient_coefficient(
+        objective,
         batch["logprobs"].detach(),
         batch["old_logprobs"],
         batch["advantages"],
+        batch["response_mask"],
         ref_logprobs=batch["ref_logprobs"],
-        **objective.omega_kwargs(),
     )
     torch.testing.assert_close(result.scores, (batch["entropy"] * omega).abs())
     expected = gmts.select_tokens(result.scores, batch["response_mask"], 0.3)
@@ -265,10 +273,11 @@ def test_selection_then_loss_end_to_end():
     )
     loss.backward()
     omega = gmts.gradient_coefficient(
+        objective,
         batch["logprobs"].detach(),
         batch["old_logprobs"],
         batch["advantages"],
-        **objective.omega_kwargs(),
+        batch["response_mask"],
     )
     n_sel = int(result.selected.sum())
     expected = torch.where(result.selected, -omega / n_sel, 0.0)
@@ -288,7 +297,7 @@ def test_select_for_update_count_floor_and_omega_weighting():
     cfg = gmts.SelectionConfig(ratio=0.3, count="floor", omega_weighting=True, normalize="all")
     result = gmts.select_for_update(cfg, objective, **{**batch, "ref_logprobs": None})
     omega = gmts.gradient_coefficient(
-        batch["logprobs"].detach(), batch["old_logprobs"], batch["advantages"]
+        objective, batch["logprobs"].detach(), batch["old_logprobs"], batch["advantages"], mask
     )
     lengths = mask.sum(-1, keepdim=True).clamp_min(1)
     expected = (batch["entropy"] * omega / lengths).abs()

@@ -11,7 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gmts
-from gmts.core.objectives import token_objective
+from gmts.core.objectives import ObjectiveInputs
+
+HORIZON = 7  # seq-mean-token-sum-norm's H in these tests
+
+
+def _omega(lp, old, adv, ref_logprobs=None, mask=None, **objective):
+    """omega of ObjectiveConfig(**objective) (the clipped objective by default)."""
+    config = gmts.ObjectiveConfig(**objective)
+    return gmts.gradient_coefficient(config, lp, old, adv, mask, ref_logprobs=ref_logprobs)
+
+
+def token_objective(lp, old, adv, ref_logprobs=None, **objective):
+    """The per-token terms of ObjectiveConfig(**objective) on unmasked inputs."""
+    inputs = ObjectiveInputs.of(lp, old, adv, ref_logprobs=ref_logprobs)
+    return gmts.objective_terms(gmts.ObjectiveConfig(**objective), inputs)
 
 
 def _batch(seed: int, b: int, t: int, spread: float, per_token_adv: bool, dtype=torch.float64):
@@ -76,7 +90,7 @@ def test_omega_equals_autograd_of_the_reference_objective(o):
         kl_clamp=o["kl_clamp"],
     )
     use_ref = ref if o["kl_coef"] > 0 else None
-    omega = gmts.gradient_coefficient(lp, old, adv, ref_logprobs=use_ref, **kw)
+    omega = _omega(lp, old, adv, ref_logprobs=use_ref, **kw)
     assert omega.shape == lp.shape and not omega.requires_grad
 
     lp_var = lp.clone().requires_grad_(True)
@@ -135,7 +149,7 @@ def test_omega_on_the_clip_boundaries(ratio, adv, dual, expected_active):
     old = torch.zeros(1, 1, dtype=torch.float64)
     lp = torch.full((1, 1), _exact_log(ratio), dtype=torch.float64)
     a = torch.tensor([adv], dtype=torch.float64)
-    omega = gmts.gradient_coefficient(lp, old, a, clip_low=0.2, clip_high=0.28, dual_clip=dual)
+    omega = _omega(lp, old, a, clip_low=0.2, clip_high=0.28, dual_clip=dual)
     r = math.exp(lp.item())
     if ratio in (1.28, 0.8, 2.0):
         assert torch.exp(lp).item() == ratio  # really on the boundary
@@ -156,14 +170,12 @@ def test_omega_closed_forms():
     r = torch.exp(lp - old)
     rho = torch.exp(ref - lp)
     beta = 0.3
-    plain = gmts.gradient_coefficient(lp, old, adv, ref_logprobs=ref, kl_coef=beta)
+    plain = _omega(lp, old, adv, ref_logprobs=ref, kl_coef=beta)
     torch.testing.assert_close(plain, r * 0.5 + beta * rho - beta)
-    corrected = gmts.gradient_coefficient(
-        lp, old, adv, ref_logprobs=ref, kl_coef=beta, kl_ratio_correction=True
-    )
+    corrected = _omega(lp, old, adv, ref_logprobs=ref, kl_coef=beta, kl_ratio_correction=True)
     torch.testing.assert_close(corrected, r * 0.5 + beta * r * torch.log(rho))
     # DAPO near on-policy: omega = A
-    on = gmts.gradient_coefficient(lp, lp, adv)
+    on = _omega(lp, lp, adv)
     torch.testing.assert_close(on, torch.full_like(lp, 0.5))
 
 
@@ -209,7 +221,10 @@ def _loss(
 ):
     """policy_loss with the objective's fields as keywords (clip 0.2 / 0.28 by default)."""
     config = gmts.LossConfig(
-        gmts.ObjectiveConfig(**objective), normalize=normalize, kl_tokens=kl_tokens
+        gmts.ObjectiveConfig(**objective),
+        normalize=normalize,
+        kl_tokens=kl_tokens,
+        horizon=HORIZON,
     )
     return gmts.policy_loss(
         lp,
@@ -375,7 +390,7 @@ def test_gradient_is_minus_omega_over_count():
         dual_clip=2.0,
     )
     (grad,) = torch.autograd.grad(loss, lp_var)
-    omega = gmts.gradient_coefficient(
+    omega = _omega(
         lp, old, adv, ref_logprobs=ref, kl_coef=beta, kl_ratio_correction=True, dual_clip=2.0
     )
     expected = torch.where(sel & mask, -omega / int((sel & mask).sum()), 0.0)
@@ -395,7 +410,10 @@ def test_micro_batches_add_up_to_the_full_loss(aggregation, normalize, kl_tokens
     (g_full,) = torch.autograd.grad(full, lp_full)
 
     config = gmts.LossConfig(
-        gmts.ObjectiveConfig(kl_coef=0.1, aggregation=aggregation), normalize, kl_tokens
+        gmts.ObjectiveConfig(kl_coef=0.1, aggregation=aggregation),
+        normalize,
+        kl_tokens,
+        horizon=HORIZON,
     )
     denominators = config.denominators(gmts.TokenSums.count(mask, sel))
     lp_micro = lp.clone().requires_grad_(True)
@@ -432,6 +450,7 @@ def test_micro_batches_add_up_to_the_full_loss(aggregation, normalize, kl_tokens
         ("seq-mean-token-mean", "all", "selected", True, "R", "R"),
         ("seq-mean-token-sum", "all", "all", True, "R", "R"),
         ("sum", "all", "all", True, 1, 1),
+        ("seq-mean-token-sum-norm", "all", "all", True, "RH", "RH"),
         # no selection: normalize and kl_tokens do not matter
         ("seq-mean-token-mean", "selected", "all", False, "R", "R"),
         ("token-mean", "selected", "all", False, "N", "N"),
@@ -439,8 +458,11 @@ def test_micro_batches_add_up_to_the_full_loss(aggregation, normalize, kl_tokens
 )
 def test_the_divisor_rule(aggregation, normalize, kl_tokens, with_selection, policy, kl):
     _, _, _, _, mask, sel = _rows()
-    counts = {"S": int(sel.sum()), "N": int(mask.sum()), "R": int(mask.any(-1).sum()), 1: 1}
-    config = gmts.LossConfig(gmts.ObjectiveConfig(aggregation=aggregation), normalize, kl_tokens)
+    rows = int(mask.any(-1).sum())
+    counts = {"S": int(sel.sum()), "N": int(mask.sum()), "R": rows, "RH": rows * HORIZON, 1: 1}
+    config = gmts.LossConfig(
+        gmts.ObjectiveConfig(aggregation=aggregation), normalize, kl_tokens, horizon=HORIZON
+    )
     den = config.denominators(gmts.TokenSums.count(mask, sel if with_selection else None))
     assert (den.policy, den.kl) == (counts[policy], counts[kl])
 
@@ -527,6 +549,7 @@ def test_aggregation_registry():
         "token-mean",
         "seq-mean-token-mean",
         "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
         "sum",
     )
     assert gmts.get_aggregation("seq-mean-token-mean").divisor == "rows"
@@ -542,11 +565,11 @@ def test_aggregation_registry():
 def test_bad_inputs_name_the_argument():
     lp, old, ref, adv, mask, sel = _rows()
     with pytest.raises(ValueError, match="old_logprobs"):
-        gmts.gradient_coefficient(lp, old[:, :-1], adv)
+        _omega(lp, old[:, :-1], adv)
     with pytest.raises(ValueError, match="advantages"):
-        gmts.gradient_coefficient(lp, old, adv[:-1])
+        _omega(lp, old, adv[:-1])
     with pytest.raises(ValueError, match="ref_logprobs"):
-        gmts.gradient_coefficient(lp, old, adv, kl_coef=0.1)
+        _omega(lp, old, adv, kl_coef=0.1)
     with pytest.raises(ValueError, match="mask"):
         gmts.policy_loss(lp, old, adv, mask[:, :-1])
     with pytest.raises(ValueError, match="selected"):
@@ -589,6 +612,8 @@ def _loop_loss(lp, old, ref, adv, mask, sel, beta, aggregation, normalize, kl_to
             return sum(r / max(n, 1) for r, n in zip(sums, lengths)) / max(rows, 1)
         if aggregation == "seq-mean-token-sum":
             return sum(sums) / max(rows, 1)
+        if aggregation == "seq-mean-token-sum-norm":
+            return sum(sums) / (max(rows, 1) * HORIZON)
         return sum(sums)
 
     loss = term([[-v for v in row] for row in s], carries)

@@ -26,9 +26,15 @@ API: dict[str, tuple[str, ...]] = {
     "gmts.core.objectives": (
         "ObjectiveConfig",
         "ObjectiveConfig.preset",
+        "Objective",
+        "register_objective",
+        "ObjectiveInputs.of",
+        "objective_terms",
         "gradient_coefficient",
-        "token_objective",
+        "loss_omega",
         "TokenObjective",
+        "KLEstimator",
+        "register_kl_estimator",
     ),
     "gmts.core.loss": (
         "LossConfig",

@@ -63,7 +63,11 @@ def test_readme_composition_under_grpo_is_eq2() -> None:
 
     selected = scope["result"].selected
     omega = gmts.gradient_coefficient(
-        scope["logprobs"].detach(), scope["old_logprobs"], scope["advantages"]
+        gmts.ObjectiveConfig.preset("grpo", kl_coef=0.0),
+        scope["logprobs"].detach(),
+        scope["old_logprobs"],
+        scope["advantages"],
+        scope["response_mask"],
     )
     expected = torch.where(selected, -omega / int(selected.sum()), 0.0)
     torch.testing.assert_close(scope["logprobs"].grad, expected)

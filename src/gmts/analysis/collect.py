@@ -27,6 +27,7 @@ from gmts.analysis.gradnorms import (
     trainable_parameters,
 )
 from gmts.core import (
+    ObjectiveConfig,
     ScoreInputs,
     compute_scores,
     gradient_coefficient,
@@ -188,9 +189,8 @@ def analyze_rollout(
 
     mask = response_mask.cpu()
     # on-policy: old = current log-probs, so r = 1 and omega = A (no KL term)
-    omega = gradient_coefficient(
-        logprob, logprob, advantages, clip_low=clip_low, clip_high=clip_high
-    ).masked_fill(~mask, 0.0)  # (B, T)
+    objective = ObjectiveConfig(clip_low=clip_low, clip_high=clip_high)
+    omega = gradient_coefficient(objective, logprob, logprob, advantages, mask)  # (B, T)
     inputs = ScoreInputs(entropy=entropy, omega=omega, logit_grad_norm=logit_grad, mask=mask)
     scores = {name: compute_scores(name, inputs).masked_fill(~mask, 0.0) for name in PROXY_SCORES}
     grad_objective = omega.abs() * grad_logprob  # exact: l_t depends on theta via log pi only

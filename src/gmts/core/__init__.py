@@ -1,7 +1,7 @@
 """The torch-only core of gmts: token statistics, omega, scores, selection, losses, advantages,
 average@k / pass@k, configs."""
 
-from gmts.core.advantages import dynamic_sampling_keep, group_advantages
+from gmts.core.advantages import STD_ESTIMATORS, dynamic_sampling_keep, group_advantages
 from gmts.core.aggregation import (
     AGGREGATIONS,
     Aggregation,
@@ -9,7 +9,12 @@ from gmts.core.aggregation import (
     get_aggregation,
     register_aggregation,
 )
-from gmts.core.config import SELECTION_PRESETS, SELECTION_UNITS, SelectionConfig
+from gmts.core.config import (
+    SELECTION_PRESETS,
+    SELECTION_UNITS,
+    ZERO_SCORE_RULES,
+    SelectionConfig,
+)
 from gmts.core.logprobs import (
     TokenStatistics,
     token_logprobs_and_entropy,
@@ -17,14 +22,33 @@ from gmts.core.logprobs import (
     token_statistics,
     token_statistics_from_hidden,
 )
-from gmts.core.loss import LossConfig, LossDenominators, TokenSums, policy_loss
+from gmts.core.loss import (
+    LossConfig,
+    LossDenominators,
+    TokenSums,
+    applied_aggregation,
+    policy_loss,
+)
 from gmts.core.metrics import average_at_k, pass_at_k
 from gmts.core.objectives import (
     OBJECTIVE_PRESETS,
+    OMEGA_METHODS,
+    RATIO_LEVELS,
+    KLEstimator,
+    Objective,
     ObjectiveConfig,
+    ObjectiveInputs,
+    Surrogate,
     TokenObjective,
+    available_kl_estimators,
+    available_objectives,
+    get_kl_estimator,
+    get_objective,
     gradient_coefficient,
-    token_objective,
+    loss_omega,
+    objective_terms,
+    register_kl_estimator,
+    register_objective,
 )
 from gmts.core.scores import (
     ScoreInputs,
@@ -37,6 +61,7 @@ from gmts.core.scores import (
 from gmts.core.selection import (
     COUNT_RULES,
     SCOPES,
+    TIE_RULES,
     select_tokens,
     selection_count,
     selection_threshold,
@@ -47,31 +72,49 @@ __all__ = [
     "AGGREGATIONS",
     "COUNT_RULES",
     "OBJECTIVE_PRESETS",
+    "OMEGA_METHODS",
+    "RATIO_LEVELS",
     "SCOPES",
     "SELECTION_PRESETS",
     "SELECTION_UNITS",
+    "STD_ESTIMATORS",
+    "TIE_RULES",
+    "ZERO_SCORE_RULES",
     "Aggregation",
+    "KLEstimator",
     "LossConfig",
     "LossDenominators",
+    "Objective",
     "ObjectiveConfig",
+    "ObjectiveInputs",
     "ScoreInputs",
     "SelectionConfig",
     "SelectionResult",
+    "Surrogate",
     "TokenObjective",
     "TokenStatistics",
     "TokenSums",
+    "applied_aggregation",
     "available_aggregations",
+    "available_kl_estimators",
+    "available_objectives",
     "available_scores",
     "average_at_k",
     "compute_scores",
     "dynamic_sampling_keep",
     "get_aggregation",
+    "get_kl_estimator",
+    "get_objective",
     "get_score",
     "gradient_coefficient",
-    "pass_at_k",
     "group_advantages",
+    "loss_omega",
+    "objective_terms",
+    "pass_at_k",
     "policy_loss",
     "register_aggregation",
+    "register_kl_estimator",
+    "register_objective",
     "register_score",
     "score_requirements",
     "select_for_update",
@@ -80,7 +123,6 @@ __all__ = [
     "selection_threshold",
     "token_logprobs_and_entropy",
     "token_logprobs_and_entropy_from_hidden",
-    "token_objective",
     "token_statistics",
     "token_statistics_from_hidden",
 ]

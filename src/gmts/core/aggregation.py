@@ -4,13 +4,17 @@ An aggregation is data, not code: what its divisor counts (tokens, rows or nothi
 whether each row is first divided by its own length. With ``x`` a ``(B, T)`` per-token value,
 ``P`` the tokens that carry it and ``M`` the response mask (``|o_i|`` = valid tokens of row i):
 
-    token-mean           sum_{P} x                / D     D = a token count  (DAPO, eq. 2)
-    seq-mean-token-mean  sum_i sum_{P_i} x / |o_i| / D     D = a row count    (GRPO eq. 1)
-    seq-mean-token-sum   sum_{P} x                / D     D = a row count
-    sum                  sum_{P} x                        D = 1
+    token-mean               sum_{P} x                / D      D = a token count  (DAPO, eq. 2)
+    seq-mean-token-mean      sum_i sum_{P_i} x / |o_i| / D      D = a row count    (GRPO eq. 1)
+    seq-mean-token-sum       sum_{P} x                / D      D = a row count
+    seq-mean-token-sum-norm  sum_{P} x                / (D H)  D = a row count, H = a fixed
+                                                               horizon (Dr.GRPO: the maximum
+                                                               response length)
+    sum                      sum_{P} x                         D = 1
 
 The divisor D is not the aggregation's business: :class:`gmts.core.loss.LossConfig` decides
-which count it is (selected or all tokens) and computes it once per mini-batch.
+which count it is (selected or all tokens, the batch or each question group) and computes it
+once per mini-batch; the horizon H is ``LossConfig.horizon``.
 """
 
 from __future__ import annotations
@@ -42,12 +46,14 @@ class Aggregation:
             valid token) or ``"none"`` (divide by 1).
         row_mean: divide each row's sum by its number of valid tokens ``|o_i|`` first.
         help: one line for the docs.
+        horizon: divide further by a constant horizon H (``LossConfig.horizon``).
     """
 
     name: str
     divisor: str
     row_mean: bool
     help: str
+    horizon: bool = False
 
     def __post_init__(self) -> None:
         if self.divisor not in DIVISOR_UNITS:
@@ -107,6 +113,15 @@ register_aggregation(
 )
 register_aggregation(
     Aggregation("seq-mean-token-sum", "rows", False, "mean over rows of each row's token sum")
+)
+register_aggregation(
+    Aggregation(
+        "seq-mean-token-sum-norm",
+        "rows",
+        False,
+        "each row's token sum / a fixed horizon H, mean over rows (Dr.GRPO; verl)",
+        horizon=True,
+    )
 )
 register_aggregation(Aggregation("sum", "none", False, "plain sum (no divisor)"))
 

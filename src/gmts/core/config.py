@@ -11,12 +11,14 @@ from typing import Any
 from gmts.core._config_utils import check_choice
 from gmts.core._config_utils import help_meta as _help
 from gmts.core.loss import KL_TOKEN_MODES, KL_TOKENS_HELP, NORMALIZE_HELP, NORMALIZE_MODES
+from gmts.core.objectives import OMEGA_METHODS
 from gmts.core.scores import available_scores
-from gmts.core.selection import COUNT_RULES, SCOPES
+from gmts.core.selection import COUNT_RULES, SCOPES, THRESHOLD_RULES, TIE_RULES
 
-__all__ = ["SelectionConfig", "SELECTION_PRESETS", "SELECTION_UNITS"]
+__all__ = ["SelectionConfig", "SELECTION_PRESETS", "SELECTION_UNITS", "ZERO_SCORE_RULES"]
 
 SELECTION_UNITS = ("mini-batch", "micro-batch")
+ZERO_SCORE_RULES = ("select", "skip")
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,34 @@ class SelectionConfig:
     count: str = field(
         default="ceil",
         metadata=_help(
-            "k per unit of N tokens: ceil (ceil(rho*N), at least 1: the paper, ETS code, TRL "
-            "up to ties) or floor (floor(rho*N) = N - ceil((1-rho)*N): the authors' GMTS code)."
+            "How many tokens a unit keeps: ceil (exactly ceil(rho*N), at least 1: the paper, ETS "
+            "code), floor (exactly floor(rho*N): the authors' GMTS code), quantile (every token "
+            ">= torch.quantile(scores, 1-rho), ties kept: TRL's top_entropy_quantile) or index "
+            "(every token >= the floor((1-rho)N)-th smallest score: the authors' ETS code). "
+            "quantile and index: scope batch only."
+        ),
+    )
+    ties: str = field(
+        default="first",
+        metadata=_help(
+            "Exact counts: which tokens tied at the cut go first, in row-major order of the "
+            "global batch: first (ours) or last (the authors' GMTS code's stable sort)."
+        ),
+    )
+    zero_scores: str = field(
+        default="skip",
+        metadata=_help(
+            "select: a token whose score is exactly 0 is selectable like any other (ties at 0 "
+            "fill the count and S); skip: never selected (a zero GMTS score means zero policy "
+            "gradient; the paper preset skips them so they do not inflate S_rho)."
+        ),
+    )
+    omega: str = field(
+        default="analytic",
+        metadata=_help(
+            "How omega is computed for omega-based scores: analytic (each objective's closed "
+            "form) or autograd (d/dlog pi of the objective's own terms: the same values, for "
+            "any registered objective, including one without a closed form)."
         ),
     )
     omega_weighting: bool = field(
@@ -93,6 +121,11 @@ class SelectionConfig:
         check_choice("scope", self.scope, SCOPES)
         check_choice("unit", self.unit, SELECTION_UNITS)
         check_choice("count", self.count, COUNT_RULES)
+        check_choice("ties", self.ties, TIE_RULES)
+        check_choice("zero_scores", self.zero_scores, ZERO_SCORE_RULES)
+        check_choice("omega", self.omega, OMEGA_METHODS)
+        if self.count in THRESHOLD_RULES and self.scope != "batch":
+            raise ValueError(f"count={self.count!r} needs scope='batch', got {self.scope!r}")
         check_choice("normalize", self.normalize, NORMALIZE_MODES)
         check_choice("kl_tokens", self.kl_tokens, KL_TOKEN_MODES)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -110,13 +143,16 @@ class SelectionConfig:
         Presets may depend on the score (``overrides["score"]``, default gmts):
 
         - ``"paper"``: eq. 2: one selection over the mini-batch of every rank, divide by the
-          selected count, KL on the selected tokens, k = ceil(rho N). The default.
+          selected count, KL on the selected tokens, k = ceil(rho N), zero scores never
+          selected. The default.
         - ``"reference-code"``: the authors' standalone GRPO-Zero code: GMTS (and every score
-          but entropy) per question group, ETS over the whole mini-batch; k = floor(rho N);
-          divide by all valid tokens; KL on every token; omega carries GRPO's 1/|o_i|.
+          but entropy) per question group keeping floor(rho N) with the last ties first, ETS
+          over the whole mini-batch keeping every score >= the floor((1-rho) N)-th smallest;
+          each question group normalised on its own over all its tokens and the groups summed;
+          KL on every token; omega carries GRPO's 1/|o_i|.
         - ``"trl"``: TRL's top_entropy_quantile: each micro-batch of every process on its own,
-          divide by all valid tokens (TRL's loss_type divisor), KL on every token; exact
-          k = ceil(rho N) where TRL's quantile keeps every tie.
+          every score >= torch.quantile(scores, 1 - rho) (ties kept), divide by all valid
+          tokens (TRL's loss_type divisor), KL on every token.
         """
         if name not in SELECTION_PRESETS:
             raise ValueError(
@@ -134,18 +170,28 @@ def _paper(score: str) -> SelectionConfig:
 
 
 def _reference_code(score: str) -> SelectionConfig:
+    ets = score == "entropy"
     return SelectionConfig(
         score=score,
-        scope="batch" if score == "entropy" else "group",
-        count="floor",
+        scope="batch" if ets else "group",
+        count="index" if ets else "floor",
+        ties="last",
+        zero_scores="select",
         omega_weighting=True,
-        normalize="all",
+        normalize="per-group",
         kl_tokens="all",
     )
 
 
 def _trl(score: str) -> SelectionConfig:
-    return SelectionConfig(score=score, unit="micro-batch", normalize="all", kl_tokens="all")
+    return SelectionConfig(
+        score=score,
+        unit="micro-batch",
+        count="quantile",
+        zero_scores="select",
+        normalize="all",
+        kl_tokens="all",
+    )
 
 
 SELECTION_PRESETS: dict[str, Callable[[str], SelectionConfig]] = {

@@ -18,14 +18,18 @@ selection; N = valid tokens; S = selected valid tokens):
     selection and normalize='selected'  (the paper's eq. 2, whatever the objective's aggregation)
         loss = sum_P (-s) / S  +  kl_coef * sum_P D / S            kl_tokens='selected'
                                +  kl_coef * sum_M D / N            kl_tokens='all'
+    normalize='per-group'  (the authors' standalone code, with or without a selection)
+        loss = sum_g [A_g(-s over P_g) + kl_coef * A_g(D over P_g or M_g)]
+        A_g: the objective's aggregation within question group g, its divisor counting g's
+        valid tokens (token-mean) or rows (seq-mean-*); the groups' losses are summed
     otherwise (normalize='all', or no selection): the objective's aggregation A, counting N
         loss = A(-s over P)  +  kl_coef * A(D over P)              kl_tokens='selected'
                              +  kl_coef * A(D over M)              kl_tokens='all'
 
 where A divides by N (token-mean), by the rows with a valid token (seq-mean-*, each row first
-by its |o_i| for seq-mean-token-mean) or by 1 (sum). Without a selection P = M, so
-``normalize`` and ``kl_tokens`` make no difference and GRPO's aggregation gives eq. 1, DAPO's
-gives DAPO's token-mean.
+by its |o_i| for seq-mean-token-mean; seq-mean-token-sum-norm also by the horizon H) or by 1
+(sum). Without a selection P = M, so ``normalize`` (but 'per-group') and ``kl_tokens`` make no
+difference and GRPO's aggregation gives eq. 1, DAPO's gives DAPO's token-mean.
 """
 
 from __future__ import annotations
@@ -41,9 +45,12 @@ from gmts.core import distributed as dist_utils
 from gmts.core._config_utils import check_choice
 from gmts.core._config_utils import help_meta as _help
 from gmts.core.aggregation import Aggregation, get_aggregation
-from gmts.core.objectives import ObjectiveConfig, TokenObjective, token_objective
+from gmts.core.objectives import ObjectiveConfig, ObjectiveInputs, TokenObjective
+from gmts.core.objectives import objective_terms as _objective_terms
+from gmts.core.objectives.inputs import as_mask
 
 __all__ = [
+    "applied_aggregation",
     "KL_TOKEN_MODES",
     "NORMALIZE_MODES",
     "LossConfig",
@@ -52,15 +59,17 @@ __all__ = [
     "policy_loss",
 ]
 
-NORMALIZE_MODES = ("selected", "all")
+NORMALIZE_MODES = ("selected", "all", "per-group")
 KL_TOKEN_MODES = ("selected", "all")
 
 _EQ2 = get_aggregation("token-mean")
 
 NORMALIZE_HELP = (
     "Loss divisor with a selection: selected (1/S_rho as a token-mean over the batch: the "
-    "paper's eq. 2, for GRPO and DAPO alike) or all (the objective's own aggregation over all "
-    "valid tokens, unselected tokens contributing 0: the authors' code and TRL)."
+    "paper's eq. 2, for GRPO and DAPO alike), all (the objective's own aggregation over all "
+    "valid tokens, unselected tokens contributing 0: TRL) or per-group (the objective's "
+    "aggregation within each question group over all its valid tokens, the groups summed: the "
+    "authors' standalone code; also without a selection)."
 )
 KL_TOKENS_HELP = (
     "Tokens that carry the KL penalty: selected (KL inside l, eq. 2) or all (every valid "
@@ -71,10 +80,19 @@ KL_TOKENS_HELP = (
 @dataclass(frozen=True)
 class LossDenominators:
     """The divisors of one mini-batch's loss (global over ranks), computed once before
-    micro-batching and passed to every :func:`policy_loss` call of that mini-batch."""
+    micro-batching and passed to every :func:`policy_loss` call of that mini-batch.
+
+    Attributes:
+        policy, kl: the divisors of the policy and KL terms.
+        group_ids, group_divisors: ``normalize='per-group'`` only: the sorted question-group
+            ids ``(U,)`` of the mini-batch and each group's divisor ``(U,)`` float64 (then
+            ``policy`` and ``kl`` are 1).
+    """
 
     policy: float
     kl: float
+    group_ids: torch.Tensor | None = None
+    group_divisors: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in ("policy", "kl"):
@@ -83,6 +101,17 @@ class LossDenominators:
                 isinstance(value, (int, float)) and math.isfinite(value) and value > 0
             ):
                 raise ValueError(f"denominators.{name} must be a finite number > 0, got {value!r}")
+        if (self.group_ids is None) != (self.group_divisors is None):
+            raise ValueError("group_ids and group_divisors go together")
+
+    def row_scale(self, group_ids: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` float64: 1 / the divisor of each row's group (``normalize='per-group'``)."""
+        assert self.group_ids is not None and self.group_divisors is not None
+        ids = self.group_ids.to(group_ids.device)
+        where = torch.searchsorted(ids, group_ids).clamp(max=max(len(ids) - 1, 0))
+        if ids.numel() == 0 or bool((ids[where] != group_ids).any()):
+            raise ValueError("group_ids has a group the mini-batch's denominators do not know")
+        return 1.0 / self.group_divisors.to(group_ids.device)[where]
 
 
 # ------------------------------------------------------------------------------------------
@@ -144,9 +173,9 @@ class TokenSums:
     def count(cls, mask: torch.Tensor, selected: torch.Tensor | None = None) -> TokenSums:
         """Only the counts of a batch: valid tokens, selected valid tokens, rows with a valid
         token. ``mask``: ``(B, T)`` bool; ``selected``: ``(B, T)`` bool or None."""
-        mask = _as_mask(mask, mask, "mask")
+        mask = as_mask(mask, mask, "mask")
         if selected is not None:
-            selected = _as_mask(selected, mask, "selected")
+            selected = as_mask(selected, mask, "selected")
         return cls._build(mask, selected)
 
     @classmethod
@@ -250,16 +279,31 @@ def _ratio(num: float, den: float) -> float:
 # configuration and divisors
 
 
+def applied_aggregation(objective: ObjectiveConfig, normalize: str, selection: bool) -> Aggregation:
+    """The aggregation a loss applies: eq. 2's token-mean with a selection and
+    ``normalize='selected'``, else the objective's own (the one place this rule is written)."""
+    if selection and normalize == "selected":
+        return _EQ2
+    return get_aggregation(objective.aggregation)
+
+
 @dataclass(frozen=True)
 class LossConfig:
     """Everything that turns per-token objectives into one loss (see the module docstring)."""
 
     objective: ObjectiveConfig = field(
         default_factory=ObjectiveConfig,
-        metadata=_help("The clipped objective: clip range, dual clip, KL and aggregation."),
+        metadata=_help("The policy objective: its terms, KL and aggregation."),
     )
     normalize: str = field(default="selected", metadata=_help(NORMALIZE_HELP))
     kl_tokens: str = field(default="selected", metadata=_help(KL_TOKENS_HELP))
+    horizon: int | None = field(
+        default=None,
+        metadata=_help(
+            "H of the seq-mean-token-sum-norm aggregation (Dr.GRPO: the maximum response "
+            "length); required by it, unused otherwise."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.objective, ObjectiveConfig):
@@ -268,27 +312,52 @@ class LossConfig:
             )
         check_choice("normalize", self.normalize, NORMALIZE_MODES)
         check_choice("kl_tokens", self.kl_tokens, KL_TOKEN_MODES)
+        if self.horizon is not None and (
+            isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 1
+        ):
+            raise ValueError(f"horizon must be null or an int >= 1, got {self.horizon!r}")
+        if get_aggregation(self.objective.aggregation).horizon and self.horizon is None:
+            raise ValueError(
+                f"aggregation {self.objective.aggregation!r} divides by a fixed horizon: set "
+                "LossConfig.horizon (the maximum response length)"
+            )
 
     @classmethod
-    def of(cls, objective: ObjectiveConfig, selection: Any) -> LossConfig:
+    def of(
+        cls, objective: ObjectiveConfig, selection: Any, *, horizon: int | None = None
+    ) -> LossConfig:
         """The loss of ``objective`` trained on ``selection``'s tokens (a SelectionConfig)."""
-        return cls(objective, normalize=selection.normalize, kl_tokens=selection.kl_tokens)
+        return cls(
+            objective,
+            normalize=selection.normalize,
+            kl_tokens=selection.kl_tokens,
+            horizon=horizon,
+        )
 
     def aggregation(self, selection: bool) -> Aggregation:
-        """The aggregation applied: eq. 2's token-mean with a selection and
-        ``normalize='selected'``, else the objective's own."""
-        if selection and self.normalize == "selected":
-            return _EQ2
-        return get_aggregation(self.objective.aggregation)
+        """The aggregation applied (:func:`applied_aggregation`)."""
+        return applied_aggregation(self.objective, self.normalize, selection)
 
-    def denominators(self, sums: TokenSums) -> LossDenominators:
+    def denominators(
+        self,
+        sums: TokenSums,
+        *,
+        mask: torch.Tensor | None = None,
+        group_ids: torch.Tensor | None = None,
+    ) -> LossDenominators:
         """The policy and KL divisors for a batch whose (reduced) counts are ``sums``.
 
-        Every divisor is at least 1 (an empty batch gives a zero loss).
+        Every divisor is at least 1 (an empty batch gives a zero loss). With
+        ``normalize='per-group'`` the divisors are per question group and need the whole
+        mini-batch's ``mask`` ``(B, T)`` and ``group_ids`` ``(B,)`` (every group's rows on
+        this rank: groups may not span ranks).
         """
         if not isinstance(sums, TokenSums):
             raise ValueError(f"sums must be TokenSums, got {type(sums).__name__}")
         aggregation = self.aggregation(sums.selection)
+        scale = float(self.horizon) if aggregation.horizon else 1.0  # __post_init__ checked it
+        if self.normalize == "per-group":
+            return self._group_denominators(aggregation, scale, mask, group_ids)
         eq2 = sums.selection and self.normalize == "selected"
         if aggregation.divisor == "tokens":
             policy = sums["selected_tokens"] if eq2 else sums["valid_tokens"]
@@ -297,27 +366,37 @@ class LossConfig:
         else:
             policy = 1.0
         kl = sums["valid_tokens"] if eq2 and self.kl_tokens == "all" else policy
-        return LossDenominators(policy=max(policy, 1.0), kl=max(kl, 1.0))
+        return LossDenominators(policy=max(policy, 1.0) * scale, kl=max(kl, 1.0) * scale)
+
+    def _group_denominators(
+        self,
+        aggregation: Aggregation,
+        scale: float,
+        mask: torch.Tensor | None,
+        group_ids: torch.Tensor | None,
+    ) -> LossDenominators:
+        if mask is None or group_ids is None:
+            raise ValueError("normalize='per-group' needs the mini-batch's mask and group_ids")
+        mask = as_mask(mask, mask, "mask")
+        if not isinstance(group_ids, torch.Tensor) or tuple(group_ids.shape) != (mask.shape[0],):
+            raise ValueError(f"group_ids must be a tensor of shape (B,) = ({mask.shape[0]},)")
+        ids, row_group = torch.unique(group_ids.long(), return_inverse=True)  # (U,), (B,)
+        if aggregation.divisor == "tokens":
+            per_row = mask.sum(-1).double()
+        elif aggregation.divisor == "rows":
+            per_row = mask.any(-1).double()
+        else:
+            per_row = torch.zeros(mask.shape[0], dtype=torch.float64, device=mask.device)
+        counts = torch.zeros(len(ids), dtype=torch.float64, device=mask.device)
+        counts.scatter_add_(0, row_group, per_row)
+        if aggregation.divisor == "none":
+            counts = torch.ones_like(counts)
+        divisors = counts.clamp_min(1.0) * scale
+        return LossDenominators(1.0, 1.0, group_ids=ids, group_divisors=divisors)
 
 
 # ------------------------------------------------------------------------------------------
 # the loss
-
-
-def _as_mask(mask: Any, reference: torch.Tensor, name: str) -> torch.Tensor:
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-        raise ValueError(f"{name} must be a torch.Tensor of shape (B, T)")
-    if tuple(mask.shape) != tuple(reference.shape):
-        raise ValueError(
-            f"{name} must have shape {tuple(reference.shape)} (like logprobs), "
-            f"got {tuple(mask.shape)}"
-        )
-    if mask.dtype != torch.bool:
-        fractional = mask.dtype.is_floating_point or mask.is_complex()
-        if fractional and bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError(f"{name} must be boolean or 0/1 valued")
-        mask = mask != 0
-    return mask
 
 
 def policy_loss(
@@ -331,12 +410,14 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     denominators: LossDenominators | None = None,
+    importance_weights: torch.Tensor | None = None,
+    group_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, TokenSums]:
-    """The (token-selective) clipped policy loss of a batch, and its token sums.
+    """The (token-selective) policy loss of a batch, and its token sums.
 
     Args:
         logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
-        old_logprobs: ``(B, T)`` log pi_old. advantages: ``(B,)`` or ``(B, T)``.
+        old_logprobs: ``(B, T)`` log pi_old. advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
         mask: ``(B, T)`` bool response mask.
         config: the objective, ``normalize`` and ``kl_tokens`` (default: ``LossConfig()``,
             DAPO's clip range without KL, eq. 2 normalisation).
@@ -348,6 +429,10 @@ def policy_loss(
             losses then add up to the mini-batch loss, and rank losses to the global loss, so
             gradients must be SUMMED over ranks; DDP averages them, so multiply by the world
             size there). None: this batch's own divisors.
+        importance_weights: ``(B,)``/``(B, 1)``/``(B, T)`` detached rollout-correction weights
+            >= 0 that multiply the policy term (as the objective applies them; never the KL),
+            or None.
+        group_ids: ``(B,)`` question-group ids, required by ``normalize='per-group'``.
 
     Returns:
         ``(loss, sums)``: the scalar loss to minimise and this batch's (unreduced)
@@ -363,46 +448,52 @@ def policy_loss(
         )
     if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
         raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
-    mask = _as_mask(mask, logprobs, "mask")
+    mask = as_mask(mask, logprobs, "mask")
     if selected is not None:
-        selected = _as_mask(selected, logprobs, "selected")
-    for name, t in (("entropy", entropy),):
-        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != logprobs.shape):
-            raise ValueError(f"{name} must be a torch.Tensor of shape {tuple(logprobs.shape)}")
+        selected = as_mask(selected, logprobs, "selected")
+    if entropy is not None and (
+        not isinstance(entropy, torch.Tensor) or entropy.shape != logprobs.shape
+    ):
+        raise ValueError(f"entropy must be a torch.Tensor of shape {tuple(logprobs.shape)}")
     objective = config.objective
+    if objective.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("ref_logprobs (B, T) are required when kl_coef > 0")
+    per_group = config.normalize == "per-group"
+    if per_group and group_ids is None:
+        raise ValueError("normalize='per-group' needs group_ids (B,)")
 
     # Padding never reaches the objective (r = 1, D = 0 there), so garbage log-probs at
     # masked positions (inf, nan, huge ratios) cannot leak nan into the gradients.
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-
-    def clean(t: torch.Tensor | None) -> torch.Tensor | None:
-        if not isinstance(t, torch.Tensor):
-            return t  # token_objective names the bad argument
-        return torch.where(mask, t.to(logprobs.dtype), zero) if t.shape == mask.shape else t
-
-    parts = token_objective(
-        clean(logprobs),
-        clean(old_logprobs),
+    inputs = ObjectiveInputs.of(
+        logprobs,
+        old_logprobs,
         advantages,
-        ref_logprobs=clean(ref_logprobs),
-        **objective.omega_kwargs(),
+        mask,
+        ref_logprobs=ref_logprobs,
+        importance_weights=importance_weights,
     )
+    parts = _objective_terms(objective, inputs)
     carriers = mask & selected if selected is not None else mask  # P
-    adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logprobs)
     sums = TokenSums._build(
         mask,
         selected,
         parts=parts,
-        advantages=adv,
+        advantages=inputs.advantages,
         entropy=entropy,
         kl=parts.kl if ref_logprobs is not None else None,
     )
     if denominators is None:
-        denominators = config.denominators(sums)
+        denominators = config.denominators(sums, mask=mask, group_ids=group_ids)
     aggregation = config.aggregation(selected is not None)
-    loss = aggregation.total(-parts.surrogate, carriers, mask) / denominators.policy
+    surrogate, kl = parts.surrogate, parts.kl
+    if per_group:
+        if denominators.group_ids is None:
+            raise ValueError("normalize='per-group' needs per-group denominators")
+        row_scale = denominators.row_scale(group_ids.long())[:, None].to(logprobs.dtype)
+        surrogate, kl = surrogate * row_scale, kl * row_scale
+    loss = aggregation.total(-surrogate, carriers, mask) / denominators.policy
     if objective.kl_coef > 0:
         kl_carriers = carriers if config.kl_tokens == "selected" else mask
-        kl_term = aggregation.total(parts.kl, kl_carriers, mask) / denominators.kl
+        kl_term = aggregation.total(kl, kl_carriers, mask) / denominators.kl
         loss = loss + objective.kl_coef * kl_term
     return loss, sums

@@ -21,7 +21,15 @@ the cut, the first ties in row-major order): the same mask as the radix path, in
 over (B, T) (see ``_select_single_batch``).
 
 Tie rule (documented, deterministic): among equal scores, the token that comes first in
-row-major order of the global batch is selected first.
+row-major order of the global batch is selected first (``ties="first"``), or the one that comes
+last (``ties="last"``: the authors' GMTS code, whose stable ascending sort removes the first
+ties).
+
+Two further count rules keep every token at or beyond a threshold instead of an exact count
+(scope 'batch' only): ``quantile`` (TRL's ``top_entropy_quantile``: ``torch.quantile`` of the
+valid scores at ``1 - ratio``, linear interpolation in float32, reproduced exactly at any N and
+over ranks from two exact order statistics) and ``index`` (the authors' ETS code: the
+``floor((1 - ratio) N)``-th smallest valid score).
 """
 
 from __future__ import annotations
@@ -36,13 +44,28 @@ import torch
 from gmts.core import distributed as dist_utils
 from gmts.core._config_utils import check_choice
 
-__all__ = ["COUNT_RULES", "SCOPES", "select_tokens", "selection_threshold", "selection_count"]
+__all__ = [
+    "COUNT_RULES",
+    "SCOPES",
+    "TIE_RULES",
+    "select_tokens",
+    "selection_threshold",
+    "selection_count",
+]
 
 SCOPES = ("batch", "group", "sequence")
-COUNT_RULES = ("ceil", "floor")
-"""k per unit of N valid tokens: ``ceil`` = ceil(ratio * N), at least 1 (the paper, ETS code);
-``floor`` = floor(ratio * N) = N - ceil((1 - ratio) * N), possibly 0 (the authors' GMTS code,
-which removes the ceil((1 - ratio) N) lowest-scored tokens)."""
+COUNT_RULES = ("ceil", "floor", "quantile", "index")
+"""How many tokens a unit of N valid tokens keeps: ``ceil`` = exactly ceil(ratio * N), at
+least 1 (the paper, ETS code); ``floor`` = exactly floor(ratio * N) = N - ceil((1 - ratio) N),
+possibly 0 (the authors' GMTS code, which removes the ceil((1 - ratio) N) lowest-scored tokens);
+``quantile`` = every token with score >= torch.quantile(valid scores, 1 - ratio) (TRL; all
+ties kept, N - ceil((1 - ratio)(N - 1)) tokens when scores are distinct); ``index`` = every token
+with score >= the floor((1 - ratio) N)-th smallest valid score (the authors' ETS code; all ties
+kept, N - floor((1 - ratio) N) + 1 tokens when distinct). The last two: scope 'batch' only."""
+THRESHOLD_RULES = ("quantile", "index")
+TIE_RULES = ("first", "last")
+"""Which of equal scores at the cut an exact count takes first: the earliest in row-major order
+of the global batch (``first``) or the latest (``last``, the authors' GMTS code)."""
 _DIGIT_BITS = 8
 _RADIX = 1 << _DIGIT_BITS
 
@@ -64,7 +87,7 @@ def selection_count(n: int, ratio: float, count: str = "ceil") -> int:
     """k for ``n`` valid tokens, computed exactly on the decimal value of ``ratio``.
 
     ``count='ceil'``: ceil(ratio * n), at least 1 if n > 0; ``'floor'``: floor(ratio * n)
-    (see :data:`COUNT_RULES`). Examples: ``selection_count(10, 0.2) == 2``,
+    (see :data:`COUNT_RULES`; the threshold rules have no fixed k and raise). Examples: ``selection_count(10, 0.2) == 2``,
     ``selection_count(10, 0.1) == 1``, ``selection_count(7, 0.2) == 2``,
     ``selection_count(7, 0.2, "floor") == 1``, ``selection_count(0, 0.5) == 0``.
     """
@@ -76,6 +99,8 @@ def _count_of(n: int, frac: Fraction, count: str) -> int:
     """k of one unit (see :func:`selection_count`); 0 if n <= 0."""
     if n <= 0:
         return 0
+    if count not in ("ceil", "floor"):
+        raise ValueError(f"count={count!r} keeps a threshold's ties: it has no fixed k")
     if count == "floor":
         return frac.numerator * n // frac.denominator
     return max(1, -(-frac.numerator * n // frac.denominator))
@@ -220,6 +245,7 @@ def select_tokens(
     group_ids: torch.Tensor | None = None,
     process_group: Any = None,
     count: str = "ceil",
+    ties: str = "first",
 ) -> torch.Tensor:
     """Select exactly k valid tokens per scope unit u by score (k = ceil(ratio * N_u) by default).
 
@@ -240,14 +266,19 @@ def select_tokens(
             the single-process selection of the ranks' batches concatenated in rank order.
             Every rank must call this function (ranks with no valid tokens included). The
             'sequence' scope needs no communication (rows never span ranks).
-        count: ``"ceil"`` (k = ceil(ratio * N_u), at least 1) or ``"floor"`` (k =
-            floor(ratio * N_u), possibly 0: the authors' GMTS code); see :data:`COUNT_RULES`.
+        count: ``"ceil"`` (k = ceil(ratio * N_u), at least 1), ``"floor"`` (k =
+            floor(ratio * N_u), possibly 0: the authors' GMTS code), or the threshold rules
+            ``"quantile"`` (TRL) and ``"index"`` (the authors' ETS code), which keep every tie
+            (scope 'batch' only); see :data:`COUNT_RULES`.
+        ties: ``"first"`` or ``"last"``: which of the tokens tied at the cut an exact count
+            takes first, in row-major order of the global batch (:data:`TIE_RULES`).
 
     Returns:
         ``(B, T)`` bool mask. In each unit: exactly k selected tokens; every selected score >=
         every unselected valid score (<= for ``largest=False``); ties at the threshold go to
-        the token earliest in global row-major order. A unit (or batch) with N = 0 valid tokens
-        gets k = 0 (an all-False mask).
+        the token earliest (``ties="last"``: latest) in global row-major order. A unit (or
+        batch) with N = 0 valid tokens gets k = 0 (an all-False mask). The threshold rules
+        keep every valid token at or beyond their threshold.
 
     Raises:
         ValueError: bad shapes or dtypes, ratio outside (0, 1], unknown scope, non-finite
@@ -256,10 +287,14 @@ def select_tokens(
     frac = _ratio_fraction(ratio)
     check_choice("scope", scope, SCOPES)
     check_choice("count", count, COUNT_RULES)
+    check_choice("ties", ties, TIE_RULES)
     if not isinstance(largest, bool):
         raise ValueError(f"largest must be a bool, got {largest!r}")
+    if count in THRESHOLD_RULES and scope != "batch":
+        raise ValueError(f"count={count!r} selects over the whole batch: use scope='batch'")
     distributed = dist_utils.is_distributed(process_group)
-    single_batch = scope == "batch" and not distributed
+    threshold_rule = count in THRESHOLD_RULES
+    single_batch = scope == "batch" and not distributed and not threshold_rule
     error = _local_error(scores, mask, scope, group_ids, check_finite=not single_batch)
     device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
     rows = scores.shape[0] if error is None else 0
@@ -275,12 +310,25 @@ def select_tokens(
     group = process_group if distributed else None
 
     with torch.no_grad():
+        if threshold_rule:
+            return _select_beyond_threshold(scores.detach(), mask, ratio, count, largest, group)
+        reverse = ties == "last"
+        if reverse:  # the latest tie first: select on the reversed global order, then undo
+            scores, mask = scores.flip(0, 1), mask.flip(0, 1)
+            group_ids = None if group_ids is None else group_ids.flip(0)
         if single_batch:
             selected = _select_single_batch(scores.detach(), mask, frac, count, largest)
-            if selected is not None:
-                return selected
-        values = _working_scores(scores.detach(), wide)
-        return _select(values, mask, frac, count, largest, scope, group_ids, max_rows, group)
+            if selected is None:
+                values = _working_scores(scores.detach(), wide)
+                selected = _select(
+                    values, mask, frac, count, largest, scope, group_ids, max_rows, None
+                )
+        else:
+            values = _working_scores(scores.detach(), wide)
+            selected = _select(
+                values, mask, frac, count, largest, scope, group_ids, max_rows, group, reverse
+            )
+        return selected.flip(0, 1) if reverse else selected
 
 
 def _select(
@@ -293,8 +341,12 @@ def _select(
     group_ids: torch.Tensor | None,
     max_rows: int,
     group: Any,
+    reverse_ranks: bool = False,
 ) -> torch.Tensor:
-    """Selection on ``values`` (B, T), float32 or float64 without -0.0 (see select_tokens)."""
+    """Selection on ``values`` (B, T), float32 or float64 without -0.0 (see select_tokens).
+
+    ``reverse_ranks``: the global order runs from the last rank to the first (``ties='last'``,
+    each rank's rows already reversed by the caller)."""
     device = values.device
     rows, cols = values.shape
     unit_row, n_units = _units(scope, rows, max_rows, group_ids, device, group)  # (B,)
@@ -321,7 +373,10 @@ def _select(
     unit_ties.scatter_add_(0, unit_row, row_ties)
     if group is not None:
         gathered = dist_utils.all_gather_stack(unit_ties, group)  # (W, U)
-        rank_offset = gathered[: dist_utils.get_rank(group)].sum(0)  # ties on earlier ranks
+        rank = dist_utils.get_rank(group)
+        # ties on the ranks that come earlier in the global order
+        earlier = gathered[rank + 1 :] if reverse_ranks else gathered[:rank]
+        rank_offset = earlier.sum(0)
     else:
         rank_offset = torch.zeros_like(unit_ties)
     # ties before each row inside its unit: rows grouped by unit (stable), exclusive prefix sums
@@ -378,6 +433,56 @@ def _select_single_batch(
     ties = (flat == kth).nonzero().squeeze(1)  # (n_ties,) flat indices in row-major order
     selected.view(-1)[ties[: k - n_beyond]] = True
     return selected
+
+
+def _select_beyond_threshold(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    ratio: float,
+    count: str,
+    largest: bool,
+    group: Any,
+) -> torch.Tensor:
+    """Every valid token at or beyond the threshold of a threshold rule (scope 'batch').
+
+    ``quantile`` (TRL): ``t = torch.quantile(valid, q)`` with ``q = 1 - ratio`` (``ratio`` for
+    ``largest=False``), as torch computes it in float32: ``rank = float32(q) * (N - 1)``, ``t =
+    lerp(v[floor(rank)], v[ceil(rank)], rank - floor(rank))`` over the ascending valid scores
+    ``v``; the two order statistics come from the exact radix select, so any N works (torch's
+    own quantile raises above 2^24) and every rank of ``group`` gets the global threshold.
+    ``index`` (the authors' ETS code): ``t = v[m - 1]`` with ``m = floor((1 - ratio) N)``
+    (every valid token when ``m = 0``); for ``largest=False`` the mirror image, ``t = v[N - m]``
+    and keep ``<= t``. Compared in float32 (float64 scores under ``index``).
+    """
+    values = _working_scores(scores, wide=count == "index" and scores.dtype == torch.float64)
+    n_local = torch.count_nonzero(mask).reshape(1)
+    n = int(dist_utils.all_reduce_sum(n_local, group))
+    if n == 0:
+        return torch.zeros_like(mask)
+
+    def kth_smallest(position: int) -> torch.Tensor:
+        """The valid score at 0-based ascending ``position`` (global), via the radix select."""
+        rows = values.shape[0]
+        unit_row = torch.zeros(rows, dtype=torch.int64, device=values.device)
+        k = torch.tensor([n - position], dtype=torch.int64, device=values.device)
+        threshold, _ = _radix_threshold(values, mask, k, True, unit_row, 1, True, group)
+        return threshold[0]
+
+    if count == "quantile":
+        q = (1 - ratio) if largest else float(ratio)
+        rank = torch.tensor(q, dtype=torch.float32) * (n - 1)
+        lo, hi = int(rank.floor()), int(rank.ceil())
+        low_value = kth_smallest(lo).float()
+        high_value = low_value if hi == lo else kth_smallest(hi).float()
+        threshold = torch.lerp(low_value, high_value, rank - lo)
+    else:
+        removed = 1 - _ratio_fraction(ratio)  # the mirror image for largest=False
+        m = removed.numerator * n // removed.denominator
+        if m == 0:  # nothing removed (the authors' code would index sorted[-1] here)
+            return mask.clone()
+        threshold = kth_smallest(m - 1) if largest else kth_smallest(n - m)
+    kept = values >= threshold if largest else values <= threshold
+    return kept & mask
 
 
 _BRACKET_MIN_N = 1 << 20  # below this one torch.kthvalue is already cheap

@@ -9,7 +9,7 @@ import torch
 
 from gmts.core import distributed as dist_utils
 from gmts.core.config import SelectionConfig
-from gmts.core.loss import LossConfig
+from gmts.core.loss import applied_aggregation
 from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
 from gmts.core.scores import ScoreInputs, compute_scores, score_requirements
 from gmts.core.selection import select_tokens, selection_threshold
@@ -50,14 +50,18 @@ def select_for_update(
     group_ids: torch.Tensor | None = None,
     process_group: Any = None,
     step: int = 0,
+    importance_weights: torch.Tensor | None = None,
 ) -> SelectionResult:
     """Score the tokens with ``config.score`` and select the top (or bottom) ``config.ratio``.
 
-    omega is computed from the current ``logprobs`` (detached) with ``objective``'s clip, dual
-    clip and KL settings, so it is exactly the gradient coefficient of the loss that
-    :func:`gmts.policy_loss` will compute with the same objective (times the aggregation's
-    per-token weight with ``config.omega_weighting``). Only the inputs the score needs
-    (:func:`gmts.score_requirements`) are read; a missing one raises ValueError.
+    omega is computed from the current ``logprobs`` (detached) with ``objective`` (its terms,
+    KL and importance weights: :func:`gmts.gradient_coefficient`, by ``config.omega``'s method),
+    so it is exactly the gradient coefficient of the loss that :func:`gmts.policy_loss` will
+    compute with the same objective and weights (times the aggregation's per-token weight with
+    ``config.omega_weighting``). Only the inputs the score needs
+    (:func:`gmts.score_requirements`) are read; a missing one raises ValueError. With
+    ``config.zero_scores == "skip"`` a selected token whose score is exactly 0 is dropped from
+    the selection (it carries no policy gradient; see docs/semantics.md section 4).
 
     This selects over exactly the rows it is given: a caller with ``config.unit ==
     "micro-batch"`` calls it once per micro-batch.
@@ -69,6 +73,8 @@ def select_for_update(
         process_group: selection is global over its ranks (every rank must call).
         step: training step; the random score is seeded with ``config.seed + step`` (plus a
             per-rank offset under a process group).
+        importance_weights: ``(B,)``/``(B, 1)``/``(B, T)`` rollout-correction weights that the
+            loss multiplies into the policy term (folded into omega), or None.
     """
     if not isinstance(config, SelectionConfig):
         raise ValueError(f"config must be a SelectionConfig, got {type(config).__name__}")
@@ -80,14 +86,17 @@ def select_for_update(
     omega = None
     if "omega" in needs:
         omega = gradient_coefficient(
+            objective,
             logprobs.detach(),
             old_logprobs,
             advantages,
+            response_mask,
             ref_logprobs=ref_logprobs if objective.kl_coef > 0 else None,
-            **objective.omega_kwargs(),
+            importance_weights=importance_weights,
+            method=config.omega,
         )
         if config.omega_weighting:  # the weight of the aggregation the loss applies
-            aggregation = LossConfig.of(objective, config).aggregation(selection=True)
+            aggregation = applied_aggregation(objective, config.normalize, selection=True)
             weights = aggregation.token_weights(response_mask.bool())
             omega = omega * weights.to(omega.dtype)  # (B, T)
     seed = config.seed + step
@@ -114,7 +123,10 @@ def select_for_update(
         group_ids=group_ids,
         process_group=process_group,
         count=config.count,
+        ties=config.ties,
     )
+    if config.zero_scores == "skip":
+        selected = selected & (scores != 0)
     threshold = selection_threshold(
         scores, selected, largest=config.largest, process_group=process_group
     )
