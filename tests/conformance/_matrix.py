@@ -143,7 +143,10 @@ def _omega(batch: Batch, obj: gmts.ObjectiveConfig, weighted: bool) -> torch.Ten
 
 
 def reference_selection(batch: Batch, cfg: gmts.SelectionConfig, algorithm: str) -> torch.Tensor:
-    """Top-k by |E * omega| per unit, ties to the first token in row-major order."""
+    """Per unit: the top k by |E * omega| (ties to the first token in row-major order, or the
+    last with ties='last'), or every token at or above TRL's quantile threshold
+    (count='quantile', torch.quantile as TRL calls it). Zero scores are skipped under
+    zero_scores='skip'."""
     obj = objective(algorithm)
     weighted = cfg.omega_weighting and obj.aggregation == "seq-mean-token-mean"
     score = (batch.entropy * _omega(batch, obj, weighted)).abs()
@@ -155,11 +158,20 @@ def reference_selection(batch: Batch, cfg: gmts.SelectionConfig, algorithm: str)
         units.setdefault(unit, []).extend((i, t) for t in range(T) if batch.mask[i, t])
     selected = torch.zeros(B, T, dtype=torch.bool)
     for tokens in units.values():
+        if cfg.count == "quantile":  # TRL: H >= torch.quantile(H_valid.float(), 1 - rho)
+            values = torch.tensor([float(score[it]) for it in tokens]).float()
+            threshold = torch.quantile(values, 1 - RATIO)
+            for it in tokens:
+                selected[it] = bool(score[it].float() >= threshold)
+            continue
         n = len(tokens)
         exact = RATIO * n
         k = math.floor(exact + 1e-12) if cfg.count == "floor" else max(1, math.ceil(exact - 1e-12))
-        order = sorted(tokens, key=lambda it: (-float(score[it]), it))  # stable tie rule
+        sign = -1 if cfg.ties == "last" else 1  # which of equal scores comes first
+        order = sorted(tokens, key=lambda it: (-float(score[it]), sign * it[0], sign * it[1]))
         for it in order[:k]:
+            if cfg.zero_scores == "skip" and float(score[it]) == 0.0:
+                continue
             selected[it] = True
     return selected
 
@@ -183,8 +195,21 @@ def reference_loss(
         kl_den = n_sel if cfg.kl_tokens == "selected" else n_all
         return -(s * sel).sum() / n_sel + beta * (d * kl_on).sum() / kl_den
     token_loss = -(s * sel) + beta * (d * kl_on)  # (B, T)
+    lengths = torch.tensor(LENGTHS, dtype=DTYPE)
+    if cfg.normalize == "per-group":  # the authors' code: each group on its own, summed
+        total = torch.zeros((), dtype=DTYPE)
+        for g in range(B // GROUP_SIZE):
+            rows = list(range(g * GROUP_SIZE, (g + 1) * GROUP_SIZE))
+            if obj.aggregation == "seq-mean-token-mean":  # A / (G |o_i|), summed
+                for i in rows:
+                    total = total + (token_loss[i] * batch.mask[i]).sum() / (
+                        GROUP_SIZE * lengths[i]
+                    )
+            else:  # A / sum_{i in group} |o_i|, summed
+                n_group = sum(LENGTHS[i] for i in rows)
+                total = total + sum((token_loss[i] * batch.mask[i]).sum() for i in rows) / n_group
+        return total
     if obj.aggregation == "seq-mean-token-mean":  # 1/G sum_i 1/|o_i| sum_t
-        lengths = torch.tensor(LENGTHS, dtype=DTYPE)
         return ((token_loss * batch.mask).sum(-1) / lengths).sum() / B
     return (token_loss * batch.mask).sum() / int(batch.mask.sum())
 
@@ -234,6 +259,7 @@ def core(preset: str, algorithm: str) -> Cell:
         gmts.LossConfig.of(obj, cfg),
         selected=result.selected,
         ref_logprobs=batch.ref_logprobs if obj.kl_coef else None,
+        group_ids=batch.group_ids,
     )
     loss.backward()
     return Cell(float(loss), leaf.grad)

@@ -134,9 +134,10 @@ def test_builders_give_each_trainer_its_layout():
     ],
 )
 def test_ratio_one_equals_verl_ppo_loss(layout, agg, normalize, entropy_coeff, use_kl):
-    """ratio=1.0: the GMTS loss is verl's ppo_loss (values and gradients, over micro-batches)."""
+    """ratio=1.0: the GMTS loss is verl's ppo_loss (values and gradients, over micro-batches);
+    zero scores selected too, so every valid token is (the paper preset skips them)."""
     config = _actor_config(loss_agg_mode=agg, entropy_coeff=entropy_coeff, use_kl_loss=use_kl)
-    settings = _settings(score="gmts", ratio=1.0, normalize=normalize)
+    settings = _settings(score="gmts", ratio=1.0, normalize=normalize, zero_scores="select")
     for seed in (0, 1, 2):
         answers, mini = _mini_batch(layout, seed, rollout_is_weights=seed == 2)
         _select(mini, answers, settings, config)

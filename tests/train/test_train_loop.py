@@ -359,7 +359,11 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
     result = run_demo(settings, progress=False)
     assert [r.method for r in result.rows] == ["all tokens", "ETS top 20%", "GMTS top 20%"]
     assert [round(r.selected_fraction, 1) for r in result.rows][0] == 1.0
-    assert all(0.2 <= r.selected_fraction < 0.5 for r in result.rows[1:])
+    # at most ceil(20%) of each tiny batch; ETS at least that, GMTS fewer where its scores are
+    # 0 (the paper preset never selects a zero-gradient token: with 2 tiny groups of equal
+    # rewards every advantage, so every GMTS score, is 0)
+    ets, gmts_row = result.rows[1:]
+    assert 0.2 <= ets.selected_fraction < 0.5 and 0.0 <= gmts_row.selected_fraction < 0.5
     for row, score in zip(result.rows, ("none", "entropy", "gmts")):
         assert len(read_metrics(tmp_path / "demo" / score)) == 2
         assert sorted(row.curve) == [0, 1, 2]  # before, every step, after

@@ -109,6 +109,11 @@ class GMTSGRPOConfig(GRPOConfig):
         },
     )
     gmts_count: str = field(default=_default("count"), metadata={"help": _core_help("count")})
+    gmts_ties: str = field(default=_default("ties"), metadata={"help": _core_help("ties")})
+    gmts_zero_scores: str = field(
+        default=_default("zero_scores"), metadata={"help": _core_help("zero_scores")}
+    )
+    gmts_omega: str = field(default=_default("omega"), metadata={"help": _core_help("omega")})
     gmts_omega_weighting: bool = field(
         default=_default("omega_weighting"), metadata={"help": _core_help("omega_weighting")}
     )
@@ -195,6 +200,12 @@ def check_trl_args(args: Any) -> None:
         problems.append(
             "gmts_unit='mini-batch' needs steps_per_generation to be a multiple of "
             "gradient_accumulation_steps (an optimizer step must not span two generations)"
+        )
+    if selection.normalize == "per-group":
+        problems.append(
+            "gmts_normalize='per-group' (the reference-code preset) divides each question "
+            "group by its own token count; TRL's micro-batches shuffle a group's answers across "
+            "steps and processes: use 'selected' or 'all'"
         )
     if selection.enabled and selection.scope == "group":
         problems.append(

@@ -162,8 +162,11 @@ def collect_batch(
             reward = raw + overlong_penalty(
                 roll.response_lengths, max_new_tokens, r.overlong_buffer, r.overlong_penalty
             )
+            # DAPO keeps a group unless its answers are all correct or all wrong: decided on the
+            # raw reward, before the overlong penalty (verl's recipe: filter_groups.metric=acc),
+            # so an all-wrong group with one long answer is not kept to train on length alone
             keep = (
-                dynamic_sampling_keep(reward, G)
+                dynamic_sampling_keep(raw, G)
                 if r.dynamic_sampling
                 else torch.ones(len(mine), dtype=torch.bool)
             )
@@ -191,7 +194,7 @@ def collect_batch(
     roll = Rollout.concat([k[0] for k in kept]).to("cpu")
     reward = torch.cat([k[1] for k in kept])
     raw = torch.cat([k[2] for k in kept])
-    advantages = group_advantages(reward, G, std_normalize=r.std_normalize)
+    advantages = group_advantages(reward, G, std_normalize=r.std_normalize, std=r.advantage_std)
     batch = TrainBatch.from_rollout(roll, reward, advantages, group_offset=info.rank * n_local)
     stats = RolloutStats(
         answers=float(len(reward)),

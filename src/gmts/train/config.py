@@ -159,8 +159,8 @@ class RolloutConfig:
     )
     dynamic_sampling: bool | None = _f(
         None,
-        "Drop groups whose rewards are all equal and sample further batches until full "
-        "(null: on for DAPO, off for GRPO).",
+        "Drop groups whose raw rewards (before the overlong penalty) are all equal and sample "
+        "further batches until full (null: on for DAPO, off for GRPO).",
     )
     max_sampling_rounds: int = _f(
         4, "Dynamic sampling: rollout rounds per step at most; then the batch is topped up."
@@ -170,6 +170,11 @@ class RolloutConfig:
     )
     overlong_penalty: float = _f(1.0, "Penalty at the maximum length (linear over the buffer).")
     std_normalize: bool = _f(True, "Divide group advantages by the group's std (GRPO eq. 1).")
+    advantage_std: Literal["unbiased", "population"] = _f(
+        "unbiased",
+        "The group std of the advantages: unbiased (divide by G - 1: torch.std, TRL, verl) or "
+        "population (divide by G: np.std, the authors' GMTS code; A is sqrt(G/(G-1)) larger).",
+    )
 
     def __post_init__(self) -> None:
         _check(self.questions_per_batch >= 1, "rollout.questions_per_batch", "must be >= 1")

@@ -220,7 +220,7 @@ class Trainer:
             chunk_size=cfg.model.logits_chunk_size,
             autocast=self.strategy.autocast,
         )
-        self.loss = LossConfig.of(cfg.objective, cfg.selection)
+        self.loss = LossConfig.of(cfg.objective, cfg.selection, horizon=self.max_new_tokens)
         self.rows_per_minibatch = cfg.mini_batch_questions // world * r.group_size
         rows_per_rank = r.questions_per_batch // world * r.group_size
         # One update per rollout on one micro-batch: the loss's own forward can give the old

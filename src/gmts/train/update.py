@@ -163,7 +163,8 @@ def update_minibatch(
     """
     group = strategy.info.group
     counts = TokenSums.count(batch.response_mask, selected).all_reduce(group)
-    denominators = loss.denominators(counts)
+    # (normalize='per-group': every question group is whole on its rank)
+    denominators = loss.denominators(counts, mask=batch.response_mask, group_ids=batch.group_ids)
     # the optimizer's own list: under FSDP, model.parameters() can be the gathered (unsharded)
     # tensors between a forward and its backward; the sharded ones hold the gradients
     params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
@@ -182,6 +183,7 @@ def update_minibatch(
             ref_logprobs=rows.ref_logprobs,
             entropy=stats.entropy,
             denominators=denominators,
+            group_ids=rows.group_ids,
         )
         # backward even when not finite: every rank must reach the same collectives (FSDP's
         # reduce-scatters run inside backward); the step is then skipped on every rank
@@ -240,7 +242,8 @@ def update_in_one_pass(
         selected=selected,
         ref_logprobs=ref_logprobs,
         entropy=stats.entropy,
-        denominators=loss.denominators(counts),
+        denominators=loss.denominators(counts, mask=batch.response_mask, group_ids=batch.group_ids),
+        group_ids=batch.group_ids,
     )
     finite = bool(torch.isfinite(batch_loss))
     batch_loss.backward()

@@ -77,6 +77,13 @@ class GMTSVerlSettings:
                 f"score {self.selection.score!r} needs entropies, which verl 0.9 drops after the "
                 "old-log-prob pass; use score_inputs='current' (one extra no-grad pass)"
             )
+        if self.selection.normalize == "per-group":
+            raise ValueError(
+                "normalize='per-group' (the reference-code preset) divides each question group "
+                "by its own token count, so every group must be whole in one mini-batch on one "
+                "rank; verl spreads a group's answers over data-parallel ranks and mini-batches: "
+                "use normalize='selected' or 'all'"
+            )
         if self.selection.scope == "group":
             raise ValueError(
                 "scope='group' is not available in verl: a question group's answers are spread "
