@@ -1,4 +1,4 @@
-"""Preemption in one process, signals sent by the process to itself at chosen moments: the run
+"""Preemption in one process, signals raised by the process itself at chosen moments: the run
 stops at the next step boundary with a checkpoint, and --resume then gives exactly the
 uninterrupted run (metrics, evaluations, final weights). The signal arriving during a step,
 an evaluation, before the first step, during the last step, during a save (twice) and during
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import threading
 from pathlib import Path
@@ -97,7 +96,7 @@ def _send_at(monkeypatch, owner: object, name: str, call: int, *signals: int) ->
     def wrapped(*args, **kwargs):
         if len(calls) == call:
             for sig in signals:
-                os.kill(os.getpid(), sig)
+                signal.raise_signal(sig)
         calls.append(1)
         return original(*args, **kwargs)
 
@@ -296,12 +295,12 @@ def test_guard_records_only_its_signals_and_restores_the_handlers(unhandled):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
     with PreemptionGuard(None, DistInfo()) as guard:
         assert not guard.stop_requested()
-        os.kill(os.getpid(), signal.SIGUSR1)  # not the guard's: reaches the outside handler
+        signal.raise_signal(signal.SIGUSR1)  # not the guard's: reaches the outside handler
         assert unhandled == [signal.SIGUSR1] and not guard.stop_requested()
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
         assert guard.stop_requested() and guard.signal_name == "SIGTERM"
     with PreemptionGuard("SIGUSR2", DistInfo()) as guard:
-        os.kill(os.getpid(), signal.SIGUSR2)
+        signal.raise_signal(signal.SIGUSR2)
         assert guard.stop_requested() and guard.signal_name == "SIGUSR2"
     assert {s: signal.getsignal(s) for s in before} == before
     assert unhandled == [signal.SIGUSR1]
