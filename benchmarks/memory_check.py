@@ -43,6 +43,7 @@ small); the full run refreshes the table in docs/training.md unless ``--no-repor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -245,7 +246,7 @@ def measure_phase(phase: str, overrides: list[str], batch_file: Path) -> dict[st
         "resident_planned_bytes": sum(resident.values()),
         "resident_measured_bytes": baseline - before,
         "resident_parts": resident,
-        "plan_settings": dict(vars(plan.settings)),
+        "plan_settings": dataclasses.asdict(plan.settings),  # nested configs as mappings
         "parameters": plan.shape.params,
         "seconds": round(seconds, 2),
     }
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure_phase(args.child, args.overrides, args.batch)))
+        print(json.dumps(measure_phase(args.child, args.overrides, args.batch), default=str))
         return 0
 
     size = QUICK if args.quick else FULL

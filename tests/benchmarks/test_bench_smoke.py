@@ -52,7 +52,13 @@ def tiny_bench_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name", list(bench_run.BENCHMARKS))
+QUICK_CASES = [  # the learning sweep's quick path trains 2 runs in subprocesses: 15-50 s
+    pytest.param(name, marks=pytest.mark.slow) if name == "learning" else name
+    for name in bench_run.BENCHMARKS
+]
+
+
+@pytest.mark.parametrize("name", QUICK_CASES)
 def test_quick_run_of_every_benchmark(
     name: str, tiny_bench_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
