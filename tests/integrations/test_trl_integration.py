@@ -168,19 +168,58 @@ def test_paper_normalisation_divides_by_selected_count(model_dir):
 @pytest.mark.parametrize(
     "overrides,needle",
     [
-        (dict(loss_type="cispo"), "loss_type"),
         (dict(top_entropy_quantile=0.2), "top_entropy_quantile"),
-        (dict(importance_sampling_level="sequence", loss_type="grpo"), "importance_sampling_level"),
-        (dict(delta=2.0), "delta"),
-        (dict(entropy_coef=0.01), "entropy bonus"),
+        (dict(delta=1.0), "delta=1.0"),
+        (dict(loss_type="cispo"), "epsilon_high=0.2"),  # TRL's default: epsilon_high = epsilon
+        (
+            dict(loss_type="vespo", importance_sampling_level="sequence", beta=0.04),
+            "vespo",
+        ),
+        (
+            dict(
+                loss_type="vespo",
+                use_vllm=True,
+                vllm_importance_sampling_mode="token_truncate",
+                vllm_importance_sampling_clip_min=1.5,
+            ),
+            "excludes 1",
+        ),
         (dict(gmts_scope="group"), "gmts_scope"),
+        (dict(gmts_normalize="per-group"), "per-group"),
         (dict(gradient_accumulation_steps=2, steps_per_generation=3), "steps_per_generation"),
     ],
 )
-def test_unsupported_trl_options_raise_at_construction(overrides, needle):
+def test_inexpressible_trl_options_raise_at_construction(overrides, needle):
     args = GMTSGRPOConfig(**_common(**overrides))
     with pytest.raises(ValueError, match=needle):
         check_trl_args(args)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(loss_type=loss_type)
+        for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "sapo", "vespo")
+    ]
+    + [
+        dict(loss_type="cispo", epsilon_high=5.0),
+        dict(loss_type="grpo", importance_sampling_level="sequence"),
+        dict(delta=1.5),
+        dict(off_policy_mask_threshold=0.5),
+        dict(entropy_coef=0.01),
+        dict(use_adaptive_entropy=True),
+        dict(beta=0.04, use_bias_correction_kl=True),
+        *[
+            dict(use_vllm=True, vllm_importance_sampling_mode=mode)
+            for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+        ],
+    ],
+)
+def test_trl_options_are_accepted(overrides):
+    """Every TRL 1.16 loss option that has an exact core objective (TRL's defaults with
+    use_vllm among them: vllm_importance_sampling_correction=True, mode sequence_mask)."""
+    args = GMTSGRPOConfig(**_common(**overrides))
+    assert check_trl_args(args) is None  # raises ValueError listing problems otherwise
 
 
 def test_liger_layer_kernels_are_allowed():
@@ -192,7 +231,7 @@ def test_liger_layer_kernels_are_allowed():
     assert args.use_liger_kernel is True
     assert check_trl_args(args) is None  # raises ValueError listing problems otherwise
     with pytest.raises(ValueError, match="delta"):  # the same check does refuse other options
-        check_trl_args(GMTSGRPOConfig(**_common(use_liger_kernel=True, delta=2.0)))
+        check_trl_args(GMTSGRPOConfig(**_common(use_liger_kernel=True, delta=1.0)))
 
 
 def test_bad_gmts_fields_and_plain_config_are_rejected():
