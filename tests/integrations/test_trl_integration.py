@@ -313,6 +313,21 @@ def test_trl_two_processes_select_globally(model_dir, tmp_path, free_port):
     for b in bnpo:
         assert b["loss_diff"] <= 1e-6 * max(abs(b["trl_loss"]), 1.0)
         assert b["grad_diff"] <= 1e-5 * b["grad_scale"]
+    # TRL's own get_high_entropy_mask over both processes == the "trl" preset, at every rho,
+    # distinct and tied entropies; TRL's loss == ours on each rank (float64 inputs)
+    sweeps = [r["quantile_sweep"] for r in ranks]
+    assert len(sweeps[0]) == len(sweeps[1]) == 2 * 2 * 6
+    assert sweeps[0][0]["local_valid_tokens"] != sweeps[1][0]["local_valid_tokens"]
+    for rank_records in sweeps:
+        for rec in rank_records:
+            assert rec["mask_equal"], rec
+            assert rec["loss_diff"] <= 1e-12 and rec["grad_diff"] <= 1e-12, rec
+            assert rec["grad_scale"] > 0
+    for a, b in zip(*sweeps, strict=True):  # one threshold over both ranks' N tokens
+        if not a["ties"]:  # torch.quantile keeps N - ceil((1 - rho)(N - 1)) distinct scores
+            n = a["local_valid_tokens"] + b["local_valid_tokens"]
+            kept = a["local_selected_tokens"] + b["local_selected_tokens"]
+            assert kept == n - math.ceil((1 - a["rho"]) * (n - 1)), a
 
 
 TRL_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "trl").glob("*.yaml"))

@@ -488,3 +488,54 @@ def test_adaptive_entropy_controller_follows_trls(trainer, batches, rho):
             assert our_state[2] == pytest.approx(their_state[2], rel=1e-12)
         coefs.append(their_state[0])
     assert max(coefs) > 0.02 and min(coefs) < 0.02  # moved up and down
+
+
+# ------------------------------------------------------------------------------------------
+# the selection unit spanning accumulated micro-batches, with TRL's weights
+
+
+@pytest.mark.parametrize("normalize", ["selected", "all"])
+@pytest.mark.parametrize(
+    "case,batch",
+    [
+        (dict(loss_type="cispo", off_policy_mask_threshold=0.02), "token_truncate"),
+        (dict(loss_type="dapo", importance_sampling_level="sequence"), "sequence_mask"),
+        (dict(loss_type="vespo", off_policy_mask_threshold=0.02), "token_mask"),
+    ],
+    ids=["cispo-opm-token_truncate", "gspo-dapo-sequence_mask", "vespo-opm-token_mask"],
+)
+def test_step_unit_with_trl_weights_equals_one_micro_batch(
+    trainer, batches, case, batch, normalize
+):
+    """gmts_unit='mini-batch' (the paper) over 2 accumulated micro-batches, whose selection
+    pass recomputes TRL's off-policy mask and reads its IS ratio per micro-batch, gives the
+    loss and gradients of one micro-batch holding both."""
+    inputs, clip = batches[batch]
+    logprobs, entropy = tb.current_policy(inputs, seed=7)
+    selection = SelectionConfig(score="gmts", ratio=0.3, normalize=normalize, kl_tokens="all")
+    results = []
+    for parts in (1, 2):
+        micro = [inputs] if parts == 1 else tb.split_rows(inputs, 2)
+        lp = logprobs.detach().clone().requires_grad_(True)
+        with configured(trainer, batch, clip, **case, gmts_selection=selection):
+            trainer.args.steps_per_generation = parts
+            trainer.current_gradient_accumulation_steps = parts
+            trainer._buffered_inputs = micro
+            total = torch.zeros((), dtype=torch.float64)
+            try:
+                with tb.row_forward(trainer, micro, lp, entropy):
+                    for step, part in enumerate(micro):
+                        trainer._step = step
+                        total = total + trainer._compute_loss(trainer.model, part)
+            finally:
+                trainer.args.steps_per_generation = 1
+                trainer.current_gradient_accumulation_steps = 1
+                trainer._step = 0
+                trainer._gmts_window_cache = None
+            (grad,) = torch.autograd.grad(total, lp)
+        results.append((total.detach(), grad))
+    _assert_same(results[1], results[0])
+    n = int(inputs["completion_mask"].sum())
+    logged = trainer._metrics["train"]
+    assert logged["gmts/unit_valid_tokens"][-1] == n  # one unit: both micro-batches
+    assert logged["gmts/unit_selected_tokens"][-1] <= math.ceil(0.3 * n)

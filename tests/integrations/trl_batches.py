@@ -207,3 +207,42 @@ def trl_compute_loss(trainer: Any, model: Any, inputs: dict) -> torch.Tensor:
 
 def gmts_compute_loss(trainer: Any, model: Any, inputs: dict) -> torch.Tensor:
     return trainer._compute_loss(model, inputs)
+
+
+@contextlib.contextmanager
+def row_forward(
+    trainer: Any, parts: list[dict], logprobs: torch.Tensor, entropy: torch.Tensor
+) -> Iterator[None]:
+    """Like :func:`fixed_forward` for the consecutive micro-batches ``parts`` of one batch
+    (:func:`split_rows`): a forward over part j's rows gets their rows of the ``(B, T)``
+    log-probs and entropies."""
+    blocks, start = [], 0
+    for part in parts:
+        ids = torch.cat([part["prompt_ids"], part["completion_ids"]], dim=1)
+        blocks.append((ids, slice(start, start + ids.shape[0])))
+        start += ids.shape[0]
+
+    def forward(model, input_ids, attention_mask, logits_to_keep, **kwargs):  # noqa: ARG001
+        found = [rows for ids, rows in blocks if torch.equal(ids, input_ids)]
+        assert len(found) == 1, "the forward's rows must be exactly one micro-batch"
+        return logprobs[found[0]], entropy[found[0]], None
+
+    trainer._get_per_token_logps_and_entropies = forward
+    try:
+        yield
+    finally:
+        del trainer._get_per_token_logps_and_entropies
+
+
+def split_rows(inputs: dict, parts: int) -> list[dict]:
+    """``inputs`` cut into ``parts`` micro-batches of consecutive rows (TRL's buffered slices;
+    scalars such as num_items_in_batch are shared)."""
+    rows = inputs["completion_ids"].shape[0]
+    size = rows // parts
+    return [
+        {
+            k: v[i * size : (i + 1) * size] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+            for k, v in inputs.items()
+        }
+        for i in range(parts)
+    ]
