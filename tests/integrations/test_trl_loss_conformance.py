@@ -349,20 +349,31 @@ def test_trl_preset_with_entropy_equals_top_entropy_quantile(
 
 
 def test_ceil_count_differs_from_trls_quantile_with_distinct_scores(trainer, batches):
-    """Why docs/integrations.md no longer says "with distinct scores the two agree": on this
-    batch's N tokens TRL keeps N - ceil((1 - rho)(N - 1)) tokens, not ceil(rho N), at some of
-    RHOS (0.3, 0.7 and 0.9 here)."""
+    """Why docs/integrations.md no longer says "with distinct scores the two agree": of N
+    distinct scores TRL keeps those at or above torch.quantile's interpolated (1 - rho)
+    quantile, about N - (1 - rho)(N - 1) of them (float32 rounding of the position decides
+    at whole positions), not ceil(rho N) (TRL's own get_high_entropy_mask, one process)."""
     inputs, _ = batches["stale"]
     _, entropy = tb.current_policy(inputs, seed=3)
-    mask = inputs["completion_mask"]
-    n = int(mask.sum())
-    differ = []
-    for rho in RHOS:
-        kept = int(trainer.get_high_entropy_mask(entropy, mask, 1 - rho).sum())
-        assert kept == n - math.ceil((1 - rho) * (n - 1))
-        if kept != math.ceil(rho * n):
-            differ.append(rho)
-    assert differ, f"N={n}: every rho agreed"
+    cases = {"batch": (entropy, inputs["completion_mask"])}
+    g = torch.Generator().manual_seed(8)
+    for n in (14, 31):
+        row = (0.05 + 0.1 * torch.randperm(n, generator=g).double())[None, :]  # distinct
+        cases[n] = (row, torch.ones_like(row, dtype=torch.long))
+    differ = {}
+    for name, (values, valid) in cases.items():
+        n = int(valid.sum())
+        differ[name] = []
+        for rho in RHOS:
+            kept = int(trainer.get_high_entropy_mask(values, valid, 1 - rho).sum())
+            position = (1 - rho) * (n - 1)
+            if abs(position - round(position)) > 1e-4:  # not a whole position: no rounding
+                assert kept == n - math.ceil(position), (n, rho)
+            if kept != math.ceil(rho * n):
+                differ[name].append((rho, kept, math.ceil(rho * n)))
+    assert differ[14] == [(0.3, 4, 5), (0.9, 12, 13)]  # (rho, TRL's count, ceil(rho N))
+    assert differ[31] == [(0.2, 6, 7), (0.3, 9, 10)]
+    assert differ["batch"]
 
 
 # ------------------------------------------------------------------------------------------
