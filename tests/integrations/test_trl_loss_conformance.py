@@ -348,6 +348,21 @@ def test_trl_preset_with_entropy_equals_top_entropy_quantile(
         assert int(trl_mask.sum()) >= math.ceil(rho * n)
 
 
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_trl_preset_equals_top_entropy_quantile_for_every_loss_type(trainer, batches, loss_type):
+    """The same at rho = 0.3 with tied entropies and TRL's vLLM token IS ratio, per loss_type."""
+    inputs, clip = batches["token_mask"]
+    logprobs, entropy = tb.current_policy(inputs, seed=9)
+    entropy = _tied(entropy, seed=10)
+    preset = SelectionConfig.preset("trl", score="entropy", ratio=0.3)
+    with configured(trainer, "token_mask", clip, loss_type=loss_type, gmts_selection=preset):
+        ours = tb.loss_and_grads(tb.gmts_compute_loss, trainer, inputs, logprobs, entropy)
+        trainer.top_entropy_quantile = 0.3
+        theirs = tb.loss_and_grads(tb.trl_compute_loss, trainer, inputs, logprobs, entropy)
+        tolerance = _tolerance(trainer)
+    _assert_same(ours, theirs, **tolerance)
+
+
 def test_ceil_count_differs_from_trls_quantile_with_distinct_scores(trainer, batches):
     """Why docs/integrations.md no longer says "with distinct scores the two agree": of N
     distinct scores TRL keeps those at or above torch.quantile's interpolated (1 - rho)
