@@ -136,6 +136,9 @@ LOSS_CASES = [
     ],
     dict(loss_type="vespo", importance_sampling_level="sequence", use_bias_correction_kl=False),
     dict(loss_type="dapo", delta=1.3),
+    dict(loss_type="dapo", delta=0.9),  # at or below the on-policy ratio: TRL's clamp still rules
+    dict(loss_type="cispo", epsilon_high=0.5),  # TRL caps the weight below 1: exact too
+    dict(loss_type="vespo", importance_sampling_level="sequence"),  # KL corrected by s_i
     dict(loss_type="grpo", delta=1.1),  # below 1 + epsilon_high: caps A > 0 tokens earlier
     dict(loss_type="luspo", importance_sampling_level="sequence", delta=1.05),
     *[dict(loss_type=lt, off_policy_mask_threshold=0.02) for lt in ("grpo", "dapo", "cispo")],

@@ -177,32 +177,6 @@ class TRLLossOptions:
                 "and 'sequence'"
             )
         objective = _loss_type(self.loss_type).objective
-        if self.delta is not None and objective == "ppo" and not self.delta > 1:
-            problems.append(
-                f"delta={self.delta}: a cap at or below the on-policy ratio 1 removes the policy "
-                "gradient of every token with r > delta, A > 0 at r = 1 already; the core's dual "
-                "clip is defined for constants > 1 (INTELLECT-2 and TRL recommend delta > 1 + "
-                "epsilon)"
-            )
-        if objective == "cispo" and not self.epsilon_high >= 1:
-            problems.append(
-                f"loss_type='cispo' with epsilon_high={self.epsilon_high}: TRL caps the weight "
-                "at epsilon_high (unset: epsilon), below the on-policy ratio 1; the core's cispo "
-                "bounds the weight by 1 - clip_low and 1 + clip_high with clip_high >= 0. Set "
-                "epsilon_high >= 1 (ScaleRL and TRL recommend 5.0)"
-            )
-        if (
-            objective == "vespo"
-            and self.importance_sampling_level == "sequence"
-            and self.beta != 0.0
-            and self.use_bias_correction_kl
-        ):
-            problems.append(
-                "loss_type='vespo' with importance_sampling_level='sequence' and "
-                "use_bias_correction_kl: TRL multiplies the KL by the sequence ratio while VESPO's "
-                "own weight uses the token ratios; the core's vespo has the token level only. "
-                "Use importance_sampling_level='token' (TRL's advice for VESPO)"
-            )
         if objective == "vespo" and self.vllm_is_mode in ("token_truncate", "token_mask"):
             low = -math.inf if self.vllm_is_clip_min is None else self.vllm_is_clip_min
             high = math.inf if self.vllm_is_clip_max is None else self.vllm_is_clip_max
@@ -254,8 +228,8 @@ class TRLLossOptions:
             own = dict(
                 sapo_tau_pos=self.sapo_temperature_pos, sapo_tau_neg=self.sapo_temperature_neg
             )
-        else:  # vespo: its weight reads the token ratios whatever the level (TRL's log_ratio)
-            level = "token"
+        else:  # vespo: its weight reads the token ratios whatever the level (TRL's log_ratio);
+            # the level is the ratio of TRL's bias-corrected KL (coef_1)
             own = dict(
                 vespo_k_pos=self.vespo_k_pos,
                 vespo_lambda_pos=self.vespo_lambda_pos,
