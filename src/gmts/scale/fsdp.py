@@ -19,7 +19,7 @@ generate on its own, and reshards at the end.
 
 Checkpoints hold whole state dicts (``get_model_state_dict`` / ``get_optimizer_state_dict``
 with ``full_state_dict=True``, offloaded to rank 0's CPU): ``model/`` stays a Hugging Face
-folder of float32 master weights (a LoRA run's: its adapters; frozen parameters are not
+folder of float32 master weights (a LoRA run's: its adapters; the frozen base is not
 gathered), and the optimizer state is keyed by parameter name. Resume
 loads the weights before sharding and hands the whole optimizer state to
 ``set_optimizer_state_dict``, which re-shards it; both are bit-exact.
@@ -150,11 +150,22 @@ class FullyShard(Strategy):
     def full_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        # frozen parameters (a LoRA run's base) are not saved: only what trains is gathered
-        options = StateDictOptions(
-            full_state_dict=True, cpu_offload=True, ignore_frozen_params=True
-        )
+        if any(not p.requires_grad for p in model.parameters()):
+            return self._trainable_weights(model)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(model, options=options)
+        return weights if self.info.is_main else None
+
+    def _trainable_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """Only what trains (a LoRA run's adapters), gathered one tensor at a time: the frozen
+        base is never gathered (``get_model_state_dict``'s ``ignore_frozen_params`` would
+        still gather a tied output head, which ``named_parameters`` does not list as frozen)."""
+        weights = {}
+        for name, param in model.named_parameters():  # the same order on every rank
+            if param.requires_grad:
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                if self.info.is_main:
+                    weights[name] = full.detach().cpu()
         return weights if self.info.is_main else None
 
     def optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
