@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def test_reference_logprobs_are_those_of_a_frozen_copy_of_the_base(tiny_dir, tmp
     micro = 8
     reference = trainer.scorer.no_grad(trainer.ref_model, batch, micro_batch_size=micro)
     base = load_model(tiny_dir, dtype=COMPUTE[dtype], training=False).requires_grad_(False)
+    base = base.to(trainer.device)
     expected = trainer.scorer.no_grad(base, batch, micro_batch_size=micro)
     assert torch.equal(reference.logprobs, expected.logprobs)
     assert torch.equal(reference.entropy, expected.entropy)
@@ -188,13 +190,15 @@ def test_checkpoints_hold_the_adapters_and_every_reader_loads_base_plus_adapters
     assert resolve_model_path(run) == str(folder)
     merged = load_model(folder, training=False)
     assert type(merged).__name__ == "GPT2LMHeadModel"
-    expected = dict(merged_weights(trainer.model))
+    assert all(p.requires_grad for p in merged.parameters())  # a plain model, as loaded
+    expected = {name: t.cpu() for name, t in merged_weights(trainer.model)}
     got = dict(merged.named_parameters())
     assert list(got) == list(expected)
     assert all(torch.equal(got[n], expected[n]) for n in got)
     batch = trainer.collect(3).batch
     policy = trainer.scorer.no_grad(trainer.model, batch, micro_batch_size=8).logprobs
-    loaded = trainer.scorer.no_grad(merged, batch, micro_batch_size=8).logprobs
+    loaded = trainer.scorer.no_grad(merged.to(trainer.device), batch, micro_batch_size=8)
+    loaded = loaded.logprobs
     assert torch.allclose(policy, loaded, atol=1e-5, rtol=0)  # W x + B A x vs (W + B A) x
 
     # gmts eval's HF backend, gmts plan and the context guard read the run like any model
@@ -204,11 +208,16 @@ def test_checkpoints_hold_the_adapters_and_every_reader_loads_base_plus_adapters
     backend = make_backend("hf", BackendOptions(model_path=run, device="cpu", dtype="float32"))
     assert torch.equal(
         dict(backend.model.named_parameters())["transformer.wte.weight"],
-        got["transformer.wte.weight"],
+        got["transformer.wte.weight"].cpu(),
     )
     assert read_limit(str(folder)).positions == 64
     assert main(["plan", f"model.path={run}"]) == 0
     assert "memory plan" in capsys.readouterr().out
+    analysis = tmp_path / "analysis"
+    args = ["--questions", "2", "--samples", "2", "--out", str(analysis), "--device", "cpu"]
+    assert main(["analyze", "--run", str(run), *args]) == 0
+    report = json.loads((analysis / "report.json").read_text())
+    assert report["meta"]["model"] == str(folder) and report["meta"]["answers"] == 4
 
     # gmts export: the adapters merged into a bf16 Hugging Face folder
     out = tmp_path / "exported"

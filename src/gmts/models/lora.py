@@ -306,12 +306,13 @@ def load_adapter_weights(model: Any, path: str | os.PathLike[str]) -> None:
 def merge_saved_adapters(base: torch.nn.Module, path: str | os.PathLike[str]) -> Any:
     """``base`` (loaded from :func:`adapter_base_path`) with the adapters of folder ``path``
     merged in (peft's ``merge_and_unload``; float32 adapters, one rounding to the base's
-    dtype): a plain model of the base's class."""
+    dtype): a plain model of the base's class, its parameters requiring grad as
+    ``from_pretrained``'s do (peft froze them)."""
     from peft import PeftModel
 
     with _quiet_peft():
         adapted = PeftModel.from_pretrained(base, str(path), autocast_adapter_dtype=True)
-    return adapted.merge_and_unload()
+    return adapted.merge_and_unload().requires_grad_(True)
 
 
 # --------------------------------------------------------------------------- using adapters
