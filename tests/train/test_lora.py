@@ -262,11 +262,14 @@ def test_resume_continues_bit_exactly(tiny_dir, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_resume_with_another_rank_is_refused(tiny_dir, tmp_path):
+def test_resume_with_other_lora_settings_is_refused(tiny_dir, tmp_path):
     run = tmp_path / "run"
     train(_config(tiny_dir, run, "checkpoint.save_final=true"), reward_fn=_tiny.partial_credit)
     with pytest.raises(ValueError, match="r=4.*8; resume with the same model.lora"):
         Trainer(_config(tiny_dir, run, "model.lora.rank=8"), resume=True)
+    full = _tiny.small_config(tiny_dir, run)  # model.lora: null
+    with pytest.raises(ValueError, match="holds LoRA adapters, but model.lora is null"):
+        Trainer(full, resume=True)
 
 
 # --------------------------------------------------------------------------- bad configs

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from gmts.models.loading import load_model
-from gmts.models.lora import AdaptersOff, LoraConfig, add_adapters, load_adapter_weights
+from gmts.models.lora import (
+    AdaptersOff,
+    LoraConfig,
+    add_adapters,
+    is_adapter_folder,
+    load_adapter_weights,
+)
 from gmts.scale.strategy import Strategy
 
 
@@ -62,6 +68,12 @@ def load_policy(
     """
     precision = strategy.precision
     saved = None if resume_from is None else str(resume_from / "model")
+    if saved is not None and is_adapter_folder(saved) != (lora is not None):
+        held = "LoRA adapters" if is_adapter_folder(saved) else "a whole model"
+        raise ValueError(
+            f"--resume: {resume_from} holds {held}, but model.lora is "
+            f"{'null' if lora is None else 'set'}; resume with the run's own model.lora"
+        )
     if lora is None:
         policy = load_model(
             saved or base_path,
