@@ -163,6 +163,32 @@ def test_merged_weights_equal_peft_merge_and_unload(arch, dtype):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # untouched
 
 
+def test_sampling_a_peft_model_passes_the_wrapped_models_arguments():
+    """The sampler reads the forward signature of the model inside the peft wrapper (whose own
+    forward takes ``**kwargs``): the cache under its current name, ``logits_to_keep``; a fresh
+    LoRA model (lora_B = 0) samples exactly what its base samples."""
+    import warnings
+
+    from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
+    from gmts.sampling.rollout import _forward_parameters, generate_rollouts
+
+    tokenizer = build_char_tokenizer()
+    base = build_tiny_model(tokenizer, TinyModelConfig(hidden_size=32, num_heads=2)).eval()
+    adapted = add_adapters(copy.deepcopy(base), LoraConfig(rank=4)).eval()
+    assert "logits_to_keep" in _forward_parameters(adapted)
+    assert "logits_to_keep" not in __import__("inspect").signature(adapted.forward).parameters
+    prompts = ["7=", "12+5=", "123+456="]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        rollout = generate_rollouts(
+            adapted, tokenizer, prompts, num_samples=2, max_new_tokens=5, seed=1
+        )
+    expected = generate_rollouts(base, tokenizer, prompts, num_samples=2, max_new_tokens=5, seed=1)
+    assert torch.equal(rollout.response_ids, expected.response_ids)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 
