@@ -237,8 +237,10 @@ def test_checkpoints_hold_the_adapters_and_every_reader_loads_base_plus_adapters
         got["transformer.wte.weight"].cpu(),
     )
     assert read_limit(str(folder)).positions == 64
-    assert main(["plan", f"model.path={run}"]) == 0
-    assert "memory plan" in capsys.readouterr().out
+    assert main(["plan", f"model.path={run}", *LORA]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan" in out and "LoRA rank 4" in out
+    assert "full fine-tuning (model.lora=null) would peak at" in out and "LoRA saves" in out
     analysis = tmp_path / "analysis"
     args = ["--questions", "2", "--samples", "2", "--out", str(analysis), "--device", "cpu"]
     assert main(["analyze", "--run", str(run), *args]) == 0

@@ -13,6 +13,7 @@ and enforces on CUDA; see gmts.scale.memory_plan for what it counts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -119,11 +120,22 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
         cfg = load_config(args.config, list(args.overrides))
         plan, source = _plan(cfg, args.gpus)
+        full = None
+        if cfg.model.lora is not None:  # the same run without LoRA: what the adapters save
+            full_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=None))
+            full, _ = _plan(full_cfg, args.gpus)
     except ValueError as exc:
         print(f"gmts plan: error: {exc}", file=sys.stderr)
         return 2
     print(f"model: {source}")
     print(plan.table())
+    if full is not None:
+        unit, scale = ("GiB", GIB) if full.peak >= GIB else ("MiB", 2**20)
+        print(
+            f"full fine-tuning (model.lora=null) would peak at {full.peak / scale:.2f} {unit} "
+            f"({full.peak_phase}); LoRA saves {(full.peak - plan.peak) / scale:.2f} {unit} "
+            f"per rank"
+        )
     if args.gpu_gib is not None:
         try:
             check_fits_device(plan, int(args.gpu_gib * GIB), f"a {args.gpu_gib:g} GiB GPU")

@@ -222,7 +222,9 @@ def _quiet_peft() -> Iterator[None]:
         yield
 
 
-def check_targets(model_config: Any, lora: LoraConfig | None) -> int:
+def check_targets(
+    model_config: Any, lora: LoraConfig | None, *, trust_remote_code: bool = False
+) -> int:
     """Adapt a ``meta``-device copy of ``model_config``'s causal LM (no memory, no weights) and
     return the adapter parameter count (0 when ``lora`` is None: full fine-tuning).
 
@@ -235,7 +237,7 @@ def check_targets(model_config: Any, lora: LoraConfig | None) -> int:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
+        model = AutoModelForCausalLM.from_config(model_config, trust_remote_code=trust_remote_code)
     adapted = add_adapters(model, lora)
     return sum(p.numel() for p in adapted.parameters() if p.requires_grad)
 

@@ -176,7 +176,7 @@ class Trainer:
         # Before any weight is read: do the LoRA targets exist, does the longest prompt + the
         # budget fit the model, and does the run fit the device?
         model_config = load_model_config(load_path, trust_remote_code=remote)
-        check_targets(model_config, cfg.model.lora)
+        check_targets(model_config, cfg.model.lora, trust_remote_code=remote)
         self.prompt_tokens = self._check_context(model_config, load_path)
         self.memory_plan = self._plan_memory(model_config, show)
 
