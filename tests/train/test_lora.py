@@ -237,6 +237,11 @@ def test_checkpoints_hold_the_adapters_and_every_reader_loads_base_plus_adapters
         got["transformer.wte.weight"].cpu(),
     )
     assert read_limit(str(folder)).positions == 64
+    # the vllm backend needs a whole model: a clear error, before vllm is even imported
+    with pytest.raises(ValueError, match="holds LoRA adapters, not a whole model.*gmts export"):
+        make_backend("vllm", BackendOptions(model_path=run))
+    assert main(["eval", "--model", str(run), "--backend", "vllm"]) == 2
+    assert "gmts export" in capsys.readouterr().err
     assert main(["plan", f"model.path={run}", *LORA]) == 0
     out = capsys.readouterr().out
     assert "memory plan" in out and "LoRA rank 4" in out
