@@ -237,9 +237,11 @@ def test_checkpoints_hold_the_adapters_and_every_reader_loads_base_plus_adapters
         got["transformer.wte.weight"].cpu(),
     )
     assert read_limit(str(folder)).positions == 64
-    # the vllm backend needs a whole model: a clear error, before vllm is even imported
+    # the vllm backend needs a whole model: a clear error (gmts eval: before loading anything)
+    from gmts.eval.backends import check_whole_model
+
     with pytest.raises(ValueError, match="holds LoRA adapters, not a whole model.*gmts export"):
-        make_backend("vllm", BackendOptions(model_path=run))
+        check_whole_model(run, "the vllm backend")
     assert main(["eval", "--model", str(run), "--backend", "vllm"]) == 2
     assert "gmts export" in capsys.readouterr().err
     assert main(["plan", f"model.path={run}", *LORA]) == 0

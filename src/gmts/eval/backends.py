@@ -276,7 +276,6 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, options: BackendOptions) -> None:
-        check_whole_model(options.model_path, "the vllm backend")
         try:
             import vllm
         except ImportError as err:
@@ -284,6 +283,7 @@ class VLLMBackend:
                 "the vllm backend needs the vllm package (pip install vllm); "
                 "use --backend hf to evaluate with transformers instead"
             ) from err
+        check_whole_model(options.model_path, "the vllm backend")
         self._vllm = vllm
         self.model_path = resolve_model_path(options.model_path)
         self.llm = vllm.LLM(
