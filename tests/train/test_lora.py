@@ -72,6 +72,7 @@ def test_only_the_adapters_train_as_float32_masters_over_a_frozen_base(
         f"model.dtype={dtype}",
         f"distributed.strategy={strategy}",
         "algorithm=grpo",  # KL on: the reference is the base
+        "checkpoint.save_final=true",
     )
     trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
     params = dict(trainer.model.named_parameters())
@@ -109,6 +110,22 @@ def test_only_the_adapters_train_as_float32_masters_over_a_frozen_base(
     state = trainer.optimizer.state
     assert len(state) == len(trainable)  # AdamW state for the adapters only, float32
     assert all(s["exp_avg"].dtype == torch.float32 for s in state.values())
+
+    # the weights an inference engine would get, taken where sampling runs (replicate: inside
+    # its bf16 autocast region; fsdp: the layers gathered), against the checkpoint loaded as
+    # base + adapters merged
+    with trainer.strategy.sampling(trainer.model):
+        synced = {n: t.detach().cpu().clone() for n, t in merged_weights(trainer.model)}
+    folder = ckpt.latest_checkpoint(tmp_path / "run") / "model"
+    merged = dict(load_model(folder, dtype=COMPUTE[dtype], training=False).named_parameters())
+    assert list(synced) == list(merged)
+    # exact, but for fsdp's bf16 gather of the adapters (its compute copy) before the merge
+    exact = dtype == "float32" or strategy == "replicate"
+    for name, tensor in merged.items():
+        assert synced[name].dtype == tensor.dtype
+        torch.testing.assert_close(
+            synced[name], tensor, rtol=0 if exact else 1.6e-2, atol=0 if exact else 1e-3
+        )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -161,6 +178,10 @@ def test_merged_weights_equal_peft_merge_and_unload(arch, dtype):
     # mlp.c_proj; Qwen2's q, k, v, o, gate, up, down
     assert changed == {"gpt2": 2 * 4, "qwen2": 2 * 7}[arch]
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # untouched
+    plain = build_tiny_model(tokenizer, TinyModelConfig(architecture=arch, hidden_size=32))
+    assert [(n, id(t)) for n, t in merged_weights(plain)] == [
+        (n, id(p)) for n, p in plain.named_parameters()
+    ]  # full fine-tuning: the parameters themselves
 
 
 def test_sampling_a_peft_model_passes_the_wrapped_models_arguments():

@@ -349,12 +349,16 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     tied weights once, in ``named_parameters`` order) under its own name (e.g.
     ``model.layers.0.self_attn.q_proj.weight``, as in the base's safetensors): for an adapted
     module's weight ``W + scaling * B @ A`` (peft's ``get_delta_weight``: ``(out, in)``, or
-    ``(in, out)`` for ``Conv1D``), computed in float32 and rounded once to ``W``'s dtype (what
-    peft's ``merge_and_unload`` gives); every other parameter is the model's own tensor, not
+    ``(in, out)`` for ``Conv1D``), computed in float32 (autocast off) and rounded once to
+    ``W``'s dtype (what peft's ``merge_and_unload`` gives); every other parameter is the model's own tensor, not
     copied. Only one merged tensor is alive at a time, so no second model is materialised.
     The model is not changed. Under FSDP, iterate inside ``strategy.sampling(model)`` (the
-    layers gathered).
+    layers gathered). A model without adapters (full fine-tuning) yields its own
+    ``named_parameters()``, so a weight sync needs no branch.
     """
+    if not hasattr(model, "get_base_model"):
+        yield from model.named_parameters()
+        return
     base = model.get_base_model()
     layers = _lora_layers(base)
     for name, param in base.named_parameters():
@@ -370,11 +374,13 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield public, param
             continue
         merged = param.float()
-        for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
-                if adapter in layer.lora_variant:
-                    raise ValueError(f"merged_weights: {layer_name} has a LoRA variant (DoRA)")
-                merged = merged + layer.get_delta_weight(adapter).float()
+        # float32 even inside an autocast region (sampling under replicate's bf16 runs in one)
+        with torch.autocast(param.device.type, enabled=False):
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    if adapter in layer.lora_variant:
+                        raise ValueError(f"merged_weights: {layer_name} has a LoRA variant")
+                    merged = merged + layer.get_delta_weight(adapter).float()
         yield public, merged.to(param.dtype)
 
 
