@@ -55,10 +55,18 @@ def type_name(tp: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in typing.get_args(tp))
     if origin is tuple:
-        return "[" + ", ".join(type_name(a) for a in typing.get_args(tp)) + "]"
+        args = typing.get_args(tp)
+        if _is_variadic(args):
+            return f"[{type_name(args[0])}, ...]"
+        return "[" + ", ".join(type_name(a) for a in args) + "]"
     if tp is type(None):
         return "null"
     return getattr(tp, "__name__", str(tp))
+
+
+def _is_variadic(args: tuple[Any, ...]) -> bool:
+    """Whether the arguments of a ``tuple[...]`` annotation are ``(X, ...)`` (any length)."""
+    return len(args) == 2 and args[1] is Ellipsis
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -70,6 +78,10 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             if type(None) in args:
                 return None
             raise ValueError(f"{key}: must not be null (expected {type_name(tp)})")
+        section = _dataclass_member(tp)
+        if section is not None and isinstance(value, dict):
+            # a mapping can only mean the section (``D | None``): its own error names the field
+            return build(section, value, key)
         for arg in args:
             if arg is type(None):
                 continue
@@ -85,6 +97,10 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         return value
     if origin is tuple:
         args = typing.get_args(tp)
+        if _is_variadic(args):
+            if not isinstance(value, list | tuple):
+                raise ValueError(f"{key}: expected a list, got {value!r}")
+            return tuple(coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ValueError(f"{key}: expected a list of {len(args)} values, got {value!r}")
         return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
@@ -258,7 +274,8 @@ def field_reference(
     cls: type, prefix: str = "", defaults: Any = None
 ) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) of every leaf field of dataclass ``cls``, nested sections
-    flattened to ``section.field`` (a field typed ``D | None`` is listed as section ``D``).
+    flattened to ``section.field`` (a field typed ``D | None`` is listed as section ``D``; when
+    it is null by default, a row for the section itself comes first, with the field's help).
     Defaults are each class's own (``D()``), before any ``__post_init__`` of the enclosing
     class fills them in.
 
@@ -274,11 +291,13 @@ def field_reference(
         key = f"{prefix}.{f.name}" if prefix else f.name
         value = getattr(defaults, f.name)
         section = _dataclass_member(types_[f.name])
+        help_text = f.metadata.get("help", "") if f.metadata else ""
         if section is not None:
+            if value is None:  # an optional section, off by default
+                rows.append((key, type_name(types_[f.name]), repr(value), help_text))
             rows.extend(field_reference(section, key))
             continue
         if isinstance(value, tuple):
             value = list(value)
-        help_text = f.metadata.get("help", "") if f.metadata else ""
         rows.append((key, type_name(types_[f.name]), repr(value), help_text))
     return rows

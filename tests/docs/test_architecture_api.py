@@ -77,6 +77,7 @@ API: dict[str, tuple[str, ...]] = {
     "gmts.embedded.warmstart": ("warm_start", "load_warm_start"),
     "gmts.models.loading": ("resolve_model_path", "pick_device", "load_tokenizer", "load_model"),
     "gmts.models.context": ("check_fits",),
+    "gmts.models.lora": ("LoraConfig", "add_adapters", "merged_weights"),
     "gmts.scale.strategy": ("make_strategy",),
     "gmts.scale.memory_plan": ("plan_memory",),
     "gmts.eval.backends": ("BackendOptions", "make_backend"),

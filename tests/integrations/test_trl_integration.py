@@ -470,3 +470,45 @@ def test_cli_trains_the_tiny_model_end_to_end(model_dir, tmp_path):
     ]  # fmt: skip
     assert main(argv) == 0
     assert (out / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_trl_peft_config_trains_only_lora_adapters_with_gmts(model_dir):
+    """TRL's own LoRA path (``peft_config``) through TRL's train(): GMTS selects on the
+    PeftModel's forward (over the 2 accumulated micro-batches of each optimizer step, which
+    takes the extra no-grad pass), only adapter parameters change, and the KL reference is
+    TRL's (the base with the adapters disabled: no reference model is built)."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoTokenizer
+
+    args = GMTSGRPOConfig(
+        **_common(loss_type="dapo", beta=0.04, learning_rate=1e-2, max_steps=2),
+        gradient_accumulation_steps=2,
+        gmts_score="gmts",
+        gmts_ratio=0.2,
+    )
+    trainer = GMTSGRPOTrainer(
+        model=model_dir,
+        reward_funcs=_length_reward,
+        args=args,
+        train_dataset=_dataset(),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+    )
+    assert isinstance(trainer.model, peft.PeftModel)
+    assert trainer.ref_model is None  # TRL: with peft the reference is the adapters-off base
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and changed <= trainable  # the base is untouched
+    assert any("lora_B" in n for n in changed)
+    logs = [entry for entry in trainer.state.log_history if "gmts/unit_valid_tokens" in entry]
+    assert len(logs) == 2
+    for entry in logs:  # one selection over the step's 2 micro-batches
+        assert entry["gmts/unit_selected_tokens"] == math.ceil(
+            0.2 * entry["gmts/unit_valid_tokens"]
+        )
+        assert entry["gmts/unit_valid_tokens"] > entry["gmts/valid_tokens"]
+        assert math.isfinite(entry["kl"])

@@ -56,13 +56,13 @@ def _kill_leftovers(ray_tmp: str) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
 
 
-def _run(folder: Path, use_v1: bool) -> tuple[int, str, float]:
+def _run(folder: Path, use_v1: bool, extra: tuple[str, ...] = ()) -> tuple[int, str, float]:
     env = scaffold.environment(folder)
     log_path = folder / "verl.log"
     start = time.monotonic()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            scaffold.command(folder, use_v1=use_v1),
+            scaffold.command(folder, use_v1=use_v1, extra=list(extra)),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -177,3 +177,39 @@ def test_gmts_end_to_end_on_verl_main_ppo(trainer, tmp_path):
     dumps = sorted((folder / "dump").glob("minibatch-*.pt"))
     assert len(dumps) == 1, dumps
     _check_minibatch(torch.load(dumps[0]), use_v1)
+
+
+# verl's own LoRA path (FSDP engine: peft's get_peft_model on the actor, the reference
+# log-probs from the actor with its adapters disabled). model.lora.merge=true makes verl sync
+# merged weights (W + scaling * B A, HF names) to the rollout; without it verl syncs the base
+# once and then only the adapters, which needs a LoRA-capable rollout engine (vLLM, SGLang:
+# CUDA builds), not the transformers rollout of verl_cpu/.
+LORA = (
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.model.lora_alpha=8",
+    "actor_rollout_ref.model.target_modules=all-linear",
+    "actor_rollout_ref.model.lora.merge=true",
+    "actor_rollout_ref.actor.optim.lr=1e-2",  # adapters that move visibly in one step
+)
+
+
+def test_gmts_with_verl_lora_end_to_end(tmp_path):
+    """verl's LoRA (``lora_rank``) with GMTS on verl 0.9.1's default (V1) trainer path."""
+    folder = scaffold.prepare(tmp_path / "run")
+    rc, log, seconds = _run(folder, use_v1=True, extra=LORA)
+    print(f"verl v1 + LoRA end to end: rc={rc}, {seconds:.0f} s")
+    assert rc == 0, log[-6000:]
+    assert "PeftModelForCausalLM contains" in log  # the actor is a peft model
+    assert "actor loss replaced by GMTS selection" in log
+    steps = _step_metrics(log)
+    assert {1, 2} <= set(steps), f"steps logged: {sorted(steps)}"
+    for step in (1, 2):
+        fraction = steps[step]["actor/gmts/selected_fraction"]
+        assert RATIO <= fraction <= RATIO + 1 / 8, (step, fraction)
+        assert math.isfinite(steps[step]["actor/grad_norm"])
+    # step 1's policy is the base (lora_B = 0): no KL; step 2's adapters moved it away from the
+    # reference, which verl computes with the adapters disabled
+    assert steps[1]["actor/kl_loss"] == 0.0 and steps[2]["actor/kl_loss"] > 0
+    dumps = sorted((folder / "dump").glob("minibatch-*.pt"))
+    assert len(dumps) == 1, dumps
+    _check_minibatch(torch.load(dumps[0]), use_v1=True)

@@ -4,6 +4,7 @@ costs measured on a narrow copy, and the refusal naming the knobs."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gmts.scale.memory_plan import (
     GIB,
@@ -131,3 +132,136 @@ def test_docs_table_of_the_shipped_configs_is_current():
     repo = Path(__file__).resolve().parents[2]
     doc = (repo / "docs" / "training.md").read_text()
     assert shipped_table(repo / "configs") in doc
+
+
+# --------------------------------------------------------------------------- LoRA
+
+LORA_ROWS = ("model.lora.rank=64",)
+"""The overrides of docs/training.md's LoRA rows."""
+
+
+def _linear_in_out(model) -> list[tuple[int, int]]:
+    """(in, out) of every linear layer but the output head: what 'all-linear' adapts."""
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings()
+    sizes = []
+    for module in model.modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            sizes.append((module.in_features, module.out_features))
+        elif isinstance(module, Conv1D):  # GPT-2 stores the weight as (in, out)
+            sizes.append(tuple(module.weight.shape))
+    return sizes
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
+def test_lora_shape_counts_the_adapters_exactly(name):
+    """rank x (in + out) for every adapted linear layer, counted on the real model, equals the
+    meta-device count; the base count is unchanged and the layers add up."""
+    from transformers import AutoModelForCausalLM
+
+    from gmts.models.lora import LoraConfig
+
+    config = _configs()[name]
+    shape = ModelShape.from_config(config, LoraConfig(rank=4))
+    model = AutoModelForCausalLM.from_config(config)
+    assert shape.adapter_params == 4 * sum(i + o for i, o in _linear_in_out(model))
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    assert shape.trainable_params == shape.adapter_params and shape.frozen_params == shape.params
+    assert shape.root_params + shape.layers * shape.layer_params == (
+        shape.params + shape.adapter_params
+    )
+    # one named target: GPT-2's fused qkv (64 -> 3 x 64), the others' q_proj (hidden -> hidden)
+    target, in_out = {"gpt2": ("c_attn", 64 + 3 * 64), "llama": ("q_proj", 2 * 64)}.get(
+        name, ("q_proj", 2 * 96)
+    )
+    only_q = ModelShape.from_config(config, LoraConfig(rank=2, target_modules=(target,)))
+    assert only_q.adapter_params == 2 * shape.layers * in_out
+
+
+def test_lora_layouts_hold_the_adapters_as_masters_and_no_reference_copy():
+    from gmts.models.lora import LoraConfig
+
+    config = _configs()["qwen2"]
+    base = dict(
+        world_size=4,
+        dtype="bfloat16",
+        micro_batch_size=2,
+        prompt_length=64,
+        response_length=192,
+        generation_rows=8,
+    )
+    lora = LoraConfig(rank=4)
+    full = plan_memory(config, PlanSettings(strategy="replicate", reference=True, **base))
+    rep = plan_memory(config, PlanSettings(strategy="replicate", lora=lora, **base))
+    fsdp = plan_memory(config, PlanSettings(strategy="fsdp", lora=lora, **base))
+    a, p = rep.shape.adapter_params, rep.shape.params
+    step = rep.phases["step"]
+    assert (step["weights"], step["gradients"], step["optimizer"]) == (4 * a, 4 * a, 8 * a)
+    assert step["frozen weights"] == 2 * p  # the base in bf16
+    assert "reference" in full.phases["step"] and "reference" not in step
+    assert rep.peak < full.peak
+    fstep = fsdp.phases["step"]
+    assert (fstep["weights"], fstep["frozen weights"]) == (4 * a / 4, 2 * p / 4)
+    assert fsdp.phases["rollout"]["sampling copy"] == 2 * (p + a)
+    assert f"LoRA rank 4: {a / 1e6:.2f}M trainable" in rep.table()
+
+
+def test_plan_settings_of_a_lora_config_keep_no_reference():
+    from gmts.train.config import load_config
+
+    cfg = load_config(None, ["algorithm=grpo", "model.lora.rank=8"])  # KL on
+    settings = PlanSettings.from_config(cfg, world_size=1, prompt_length=8, response_length=8)
+    assert settings.lora == cfg.model.lora and settings.reference is False
+    full = load_config(None, ["algorithm=grpo"])
+    assert PlanSettings.from_config(
+        full, world_size=1, prompt_length=8, response_length=8
+    ).reference
+
+
+@pytest.mark.parametrize("mode", ["float32", "bf16-base"])
+def test_lora_activation_cost_scales_back_from_the_narrow_copy(mode):
+    """The rank-r tensors of the adapters are not width-dependent: probing ranks 1 and 2 on the
+    narrow copy gives the full-width measurement at rank 8 (measured equal; scaling the rank-8
+    probe by the width factor instead is 1.4% high here)."""
+    import dataclasses
+
+    from transformers import Qwen2Config
+
+    from gmts.models.lora import LoraConfig
+    from gmts.scale import model_cost
+
+    wide = Qwen2Config(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+    )
+    lora = LoraConfig(rank=8)
+    fields = tuple(getattr(lora, f.name) for f in dataclasses.fields(lora))
+    narrowed = activation_cost(wide, mode, lora)
+    unnarrowed = model_cost._activation_cost(wide.to_json_string(), "Qwen2Config", mode, 1, fields)
+    assert narrowed.per_layer == pytest.approx(unnarrowed.per_layer, rel=1e-6)
+    assert narrowed.outside == pytest.approx(unnarrowed.outside, rel=1e-6)
+    assert narrowed.kv_per_layer == unnarrowed.kv_per_layer
+    full = activation_cost(wide, "float32")
+    # rank 64 saves more per token than rank 8 (the adapters' A x)
+    assert activation_cost(wide, mode, LoraConfig(rank=64)).per_layer > narrowed.per_layer
+    if mode == "bf16-base":  # a bf16 base: the KV cache comes out bf16
+        assert narrowed.kv_per_layer == full.kv_per_layer / 2
+
+
+@pytest.mark.slow
+def test_docs_lora_rows_of_the_shipped_configs_are_current():
+    """docs/training.md holds `gmts plan --shipped configs --markdown model.lora.rank=64`."""
+    from pathlib import Path
+
+    from gmts.cli.plan import shipped_table
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "training.md").read_text()
+    assert shipped_table(repo / "configs", overrides=LORA_ROWS) in doc

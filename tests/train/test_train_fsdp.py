@@ -99,3 +99,56 @@ def test_fsdp_matches_replicate_and_resumes_bit_exactly(tmp_path, free_port):
     )
     assert _rows(resumed) == b
     assert torch.equal(_weights(resumed), w_fsdp)
+
+
+LORA = ("model.lora.rank=4", "model.lora.alpha=8")
+
+
+def _adapters(run_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    (_, path), *_ = reversed(list_checkpoints(run_dir))
+    assert not (path / "model" / "model.safetensors").exists()  # adapters only
+    return load_file(path / "model" / "adapter_model.safetensors")
+
+
+@pytest.mark.slow
+def test_fsdp_lora_matches_replicate_and_resumes_bit_exactly(tmp_path, free_port):
+    """The same comparison with LoRA adapters: the base frozen and sharded, the adapters the
+    only sharded float32 masters, the reference the base with the adapters off."""
+    pytest.importorskip("peft")
+    model_dir = _tiny.save_tiny_model(tmp_path / "model")
+    replicate, fsdp = tmp_path / "replicate", tmp_path / "fsdp"
+    _torchrun(free_port, str(model_dir), str(replicate), *SETTINGS, *LORA)
+    _torchrun(free_port, str(model_dir), str(fsdp), *SETTINGS, *LORA, "distributed.strategy=fsdp")
+
+    a, b = _rows(replicate), _rows(fsdp)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    assert all(r["update/skipped_nonfinite"] == 0 for r in b)
+    assert b[-1]["update/kl_mean"] > 0  # the adapters moved the policy away from the reference
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for key in ra:  # the same rollouts, selections and updates, up to float rounding
+            assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-7), (ra["step"], key)
+    w_replicate, w_fsdp = _adapters(replicate), _adapters(fsdp)
+    assert w_fsdp.keys() == w_replicate.keys()
+    assert len(w_fsdp) == 2 * 2 * 4  # A and B of 4 modules in each of 2 layers
+    for name in w_fsdp:
+        assert torch.allclose(w_fsdp[name], w_replicate[name], atol=1e-5, rtol=0), name
+    assert any(t.abs().max() > 0 for n, t in w_fsdp.items() if "lora_B" in n)  # trained
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(fsdp, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    _torchrun(
+        free_port,
+        str(model_dir),
+        str(resumed),
+        *SETTINGS,
+        *LORA,
+        "distributed.strategy=fsdp",
+        "--resume",
+    )
+    assert _rows(resumed) == b
+    w_resumed = _adapters(resumed)
+    assert all(torch.equal(w_resumed[n], w_fsdp[n]) for n in w_fsdp)

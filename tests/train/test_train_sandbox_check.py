@@ -84,7 +84,7 @@ def test_trainer_itself_refuses_before_data_or_model(no_bwrap: None, monkeypatch
     monkeypatch.setattr(trainer, "load_examples", must_not_run)
     monkeypatch.setattr(trainer, "resolve_model_path", must_not_run)
     monkeypatch.setattr(trainer, "load_tokenizer", must_not_run)
-    monkeypatch.setattr(trainer, "load_model", must_not_run)
+    monkeypatch.setattr(trainer, "load_policy", must_not_run)  # the weights (train.policy)
     with pytest.raises(SandboxUnavailableError, match="data.sandbox=subprocess"):
         trainer.Trainer(load_config(None, CODE))
 

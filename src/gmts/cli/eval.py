@@ -125,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
         return _error("--model is required (a model folder, checkpoint or run folder)")
     try:
         model_path = resolve_model_path(args.model)
+        if args.backend == "vllm":
+            from gmts.eval.backends import check_whole_model
+
+            check_whole_model(model_path, "the vllm backend")
         benchmarks = parse_benchmarks(args.benchmarks)
         sandbox = code_sandbox(benchmarks, args.sandbox)  # code benchmarks: fail closed now
         config = EvalConfig(

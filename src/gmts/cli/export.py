@@ -5,6 +5,8 @@
 
 Training checkpoints keep float32 master weights (model/, 4 bytes per parameter, as the
 Hugging Face Trainer does under bf16 mixed precision); serving (vLLM, gmts eval) wants bf16.
+A LoRA run's checkpoints hold its adapters only: the export is the base model with the
+adapters merged in (W + alpha / rank * B A), a plain Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -22,12 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gmts.models.loading import resolve_model_path
+    from gmts.models.lora import adapter_base_path, is_adapter_folder
     from gmts.scale.precision import export_model
 
     try:
-        out = export_model(args.source, args.out, args.dtype)
+        source = resolve_model_path(args.source)
+        merged = ""
+        if is_adapter_folder(source):
+            merged = f"; LoRA adapters of {source} merged into {adapter_base_path(source)}"
+        out = export_model(source, args.out, args.dtype)
     except ValueError as exc:  # ModelPathError included
         print(f"gmts export: error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {out} ({args.dtype})")
+    print(f"wrote {out} ({args.dtype}{merged})")
     return 0

@@ -3,6 +3,7 @@
     gmts plan --config configs/qwen3-8b/dapo-gmts.yaml --gpus 8 --gpu-gib 80
     gmts plan --config configs/demo.yaml                 # the embedded model (built if needed)
     gmts plan --shipped configs --markdown               # docs/training.md's table
+    gmts plan --shipped configs --markdown model.lora.rank=64   # ... its LoRA rows
 
 Reads only the model's config.json (a hub id that cannot be reached falls back to the
 transcribed shapes of gmts.scale.known_models). The plan is what ``gmts train`` prints at start
@@ -12,6 +13,7 @@ and enforces on CUDA; see gmts.scale.memory_plan for what it counts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -30,25 +32,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shipped",
         metavar="CONFIGS_DIR",
         default=None,
-        help="plan every <dir>/*/base.yaml on 1x80, 8x80 and 1x141 GiB and print one table",
+        help="plan every <dir>/*/base.yaml (with the overrides) on 1x80, 8x80 and 1x141 GiB and "
+        "print one table",
     )
     parser.add_argument("--markdown", action="store_true", help="--shipped: as Markdown")
 
 
 def _plan(cfg, gpus: int):
     """(plan, where the model shape came from) of a TrainConfig on ``gpus`` ranks."""
+    from gmts.models.loading import resolve_model_path
     from gmts.scale.known_models import model_config
     from gmts.scale.memory_plan import PlanSettings, plan_memory
     from gmts.train.config import DATASET_MAX_NEW_TOKENS
 
-    if cfg.model.path == "embedded":
-        from gmts.models.loading import resolve_model_path
-
-        path = resolve_model_path(
-            cfg.model.path, task=cfg.data.task, seed=cfg.seed, progress=sys.stderr.isatty()
-        )
-    else:
-        path = cfg.model.path
+    # as the trainer reads model.path: the embedded warm start, a folder, a run or checkpoint
+    # (a LoRA run's: its base), or a hub id
+    path = resolve_model_path(
+        cfg.model.path, task=cfg.data.task, seed=cfg.seed, progress=sys.stderr.isatty()
+    )
     config, source = model_config(path, cfg.model.trust_remote_code)
     r = cfg.rollout
     if cfg.data.dataset is None:
@@ -70,20 +71,28 @@ def _plan(cfg, gpus: int):
     return plan_memory(config, settings), source
 
 
-def shipped_table(configs_dir: Path, markdown: bool = True) -> str:
-    """Peak GiB per rank of every ``<configs_dir>/*/base.yaml`` on the :data:`SETUPS`."""
+def shipped_table(
+    configs_dir: Path, markdown: bool = True, overrides: list[str] | tuple[str, ...] = ()
+) -> str:
+    """Peak GiB per rank of every ``<configs_dir>/*/base.yaml`` (with ``overrides``, e.g.
+    ``model.lora.rank=64``) on the :data:`SETUPS`."""
     from gmts.scale.memory_plan import DEVICE_HEADROOM, GIB
     from gmts.train.config import load_config
 
     head = ["config", "model", "strategy"] + [f"{n}x{g:g} GiB" for n, g in SETUPS]
     rows = []
     for base in sorted(configs_dir.glob("*/base.yaml")):
-        cfg = load_config(base)
+        cfg = load_config(base, list(overrides))
         cells = []
         params = ""
         for gpus, gib in SETUPS:
             plan, _ = _plan(cfg, gpus)
             params = f"{plan.shape.params / 1e9:.2f}B"
+            if cfg.model.lora is not None:
+                params += (
+                    f"; LoRA rank {cfg.model.lora.rank}: "
+                    f"{plan.shape.adapter_params / 1e6:.1f}M trainable"
+                )
             fits = plan.peak <= DEVICE_HEADROOM * gib * GIB
             cells.append(
                 f"{plan.peak / GIB:.1f} ({plan.peak_phase}) {'fits' if fits else '**does not fit**'}"
@@ -104,17 +113,29 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.shipped:
-            print(shipped_table(Path(args.shipped), markdown=args.markdown))
+            table = shipped_table(Path(args.shipped), args.markdown, list(args.overrides))
+            print(table)
             return 0
         if args.gpus < 1:
             raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
         cfg = load_config(args.config, list(args.overrides))
         plan, source = _plan(cfg, args.gpus)
+        full = None
+        if cfg.model.lora is not None:  # the same run without LoRA: what the adapters save
+            full_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=None))
+            full, _ = _plan(full_cfg, args.gpus)
     except ValueError as exc:
         print(f"gmts plan: error: {exc}", file=sys.stderr)
         return 2
     print(f"model: {source}")
     print(plan.table())
+    if full is not None:
+        unit, scale = ("GiB", GIB) if full.peak >= GIB else ("MiB", 2**20)
+        print(
+            f"full fine-tuning (model.lora=null) would peak at {full.peak / scale:.2f} {unit} "
+            f"({full.peak_phase}); LoRA saves {(full.peak - plan.peak) / scale:.2f} {unit} "
+            f"per rank"
+        )
     if args.gpu_gib is not None:
         try:
             check_fits_device(plan, int(args.gpu_gib * GIB), f"a {args.gpu_gib:g} GiB GPU")

@@ -251,6 +251,20 @@ def group_completions(
 # vLLM backend
 
 
+def check_whole_model(model_path: str | os.PathLike[str], who: str) -> None:
+    """ValueError when ``model_path`` designates LoRA adapters (a LoRA run's checkpoint), which
+    ``who`` cannot load: it needs a whole model, which ``gmts export`` writes (merged)."""
+    from gmts.models.lora import is_adapter_folder
+
+    path = resolve_model_path(model_path)
+    if is_adapter_folder(path):
+        raise ValueError(
+            f"{path} holds LoRA adapters, not a whole model, and {who} needs one: write the "
+            f"merged model with `gmts export {model_path} OUT_DIR` and evaluate OUT_DIR, or use "
+            "--backend hf (which merges the adapters itself)"
+        )
+
+
 class VLLMBackend:
     """Generation with vLLM's offline engine (``pip install vllm``; GPU).
 
@@ -269,6 +283,7 @@ class VLLMBackend:
                 "the vllm backend needs the vllm package (pip install vllm); "
                 "use --backend hf to evaluate with transformers instead"
             ) from err
+        check_whole_model(options.model_path, "the vllm backend")
         self._vllm = vllm
         self.model_path = resolve_model_path(options.model_path)
         self.llm = vllm.LLM(

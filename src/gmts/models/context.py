@@ -60,10 +60,11 @@ def context_limit(
 def read_limit(
     path: str, tokenizer: Any = None, trust_remote_code: bool = False
 ) -> ContextLimit | None:
-    """:func:`context_limit` of the model folder or hub id ``path`` (reads config.json only)."""
-    from transformers import AutoConfig
+    """:func:`context_limit` of the model folder, adapter folder or hub id ``path`` (reads
+    config.json only)."""
+    from gmts.models.loading import load_model_config
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config = load_model_config(path, trust_remote_code=trust_remote_code)
     return context_limit(config, tokenizer, where=str(path))
 
 

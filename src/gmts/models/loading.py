@@ -2,13 +2,17 @@
 
 - :func:`resolve_model_path`: what a model argument designates. Accepted, tried in order:
   ``"embedded"`` (the cached warm start of a built-in task, built on first use); a Hugging
-  Face model folder (``config.json``); a gmts checkpoint (``<run>/checkpoints/step_000100``,
+  Face model folder (``config.json``) or a peft LoRA adapter folder (``adapter_config.json``,
+  what a LoRA run's checkpoints hold); a gmts checkpoint (``<run>/checkpoints/step_000100``,
   the model in ``model/``); a gmts training run (its newest checkpoint); a hub id
   (``org/name``, where the hub is reachable).
 - :func:`pick_device`: ``auto`` (this rank's GPU when CUDA is available, else the CPU),
   ``cpu``, ``cuda`` (this rank's GPU) or ``cuda:N``.
 - :func:`load_tokenizer`, :func:`load_model`: the tokenizer with a pad token; the causal LM with
   dropout off (RL ratios need the same function in every pass), on the CPU, in the dtype asked.
+  An adapter folder loads as its base model with the adapters merged in
+  (:mod:`gmts.models.lora`), so every command reads a LoRA run like any other.
+- :func:`load_model_config`: the ``config.json`` of a model (of an adapter folder's base).
 """
 
 from __future__ import annotations
@@ -20,12 +24,20 @@ from typing import Any
 
 import torch
 
+from gmts.models.lora import (
+    ADAPTER_CONFIG,
+    adapter_base_path,
+    is_adapter_folder,
+    merge_saved_adapters,
+)
+
 __all__ = [
     "CHECKPOINTS_DIR",
     "DTYPES",
     "EMBEDDED",
     "ModelPathError",
     "load_model",
+    "load_model_config",
     "load_tokenizer",
     "pick_device",
     "resolve_model_path",
@@ -88,22 +100,27 @@ def resolve_model_path(
         if _HUB_ID.match(text) and not text.startswith("."):
             return text  # a hub id: from_pretrained reports if it cannot be reached
         raise ModelPathError(f"model path does not exist: {root}")
-    if (root / "config.json").is_file():
+    if _is_model_folder(root):
         return str(root)
-    if (root / "model" / "config.json").is_file():
+    if _is_model_folder(root / "model"):
         return str(root / "model")
     steps = []
     if (root / CHECKPOINTS_DIR).is_dir():
         for child in (root / CHECKPOINTS_DIR).iterdir():
             step = step_of(child.name)
-            if step is not None and (child / "model" / "config.json").is_file():
+            if step is not None and _is_model_folder(child / "model"):
                 steps.append((step, child / "model"))
     if steps:
         return str(max(steps)[1])
     raise ModelPathError(
-        f"no model found at {root}: expected config.json there, in model/, or in "
-        f"{CHECKPOINTS_DIR}/step_*/model/"
+        f"no model found at {root}: expected config.json (or a LoRA run's {ADAPTER_CONFIG}) "
+        f"there, in model/, or in {CHECKPOINTS_DIR}/step_*/model/"
     )
+
+
+def _is_model_folder(path: Path) -> bool:
+    """A Hugging Face model folder or a peft adapter folder."""
+    return (path / "config.json").is_file() or is_adapter_folder(path)
 
 
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
@@ -154,6 +171,10 @@ def load_model(
 ) -> Any:
     """The causal LM of ``path`` on the CPU in ``dtype``, dropout off.
 
+    An adapter folder (a LoRA run's checkpoint) gives its base model, loaded in ``dtype``, with
+    the adapters merged in (``merge_and_unload``: ``W + scaling * B A`` computed in float32,
+    rounded once to ``dtype``): a plain model of the base's class.
+
     Args:
         gradient_checkpointing: recompute activations in backward (non-reentrant).
         training: ``model.train()`` (the trainer; dropout stays off) or ``model.eval()``.
@@ -162,13 +183,16 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own bar is the only one
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code
-        )
-    except OSError as exc:
-        message = f"cannot load a model from {str(path)!r}: {_first_line(exc)}"
-        raise ModelPathError(message) from None
+    if is_adapter_folder(path):
+        model = _load_merged(path, dtype=dtype, trust_remote_code=trust_remote_code)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, trust_remote_code=trust_remote_code
+            )
+        except OSError as exc:
+            message = f"cannot load a model from {str(path)!r}: {_first_line(exc)}"
+            raise ModelPathError(message) from None
     for module in model.modules():  # RL ratios need the same function in every pass
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -176,6 +200,32 @@ def load_model(
         _enable_activation_checkpointing(model)
         model.config.use_cache = False
     return model.train(training)
+
+
+def _load_merged(
+    path: str | os.PathLike[str], *, dtype: torch.dtype, trust_remote_code: bool
+) -> Any:
+    """The base of adapter folder ``path`` in ``dtype`` with its adapters merged in."""
+    try:
+        base_path = adapter_base_path(path)
+    except ValueError as exc:
+        raise ModelPathError(str(exc)) from None
+    base = load_model(base_path, dtype=dtype, trust_remote_code=trust_remote_code)
+    return merge_saved_adapters(base, path)
+
+
+def load_model_config(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
+    """The transformers config of model ``path`` (of its base, for an adapter folder) from
+    ``config.json`` alone; ``OSError`` when it cannot be read (an unreachable hub id)."""
+    from transformers import AutoConfig
+
+    if is_adapter_folder(path):
+        try:
+            path = adapter_base_path(path)
+        except ValueError as exc:
+            raise ModelPathError(str(exc)) from None
+        return load_model_config(path, trust_remote_code=trust_remote_code)
+    return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 def _enable_activation_checkpointing(model: Any) -> None:

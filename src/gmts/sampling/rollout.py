@@ -232,9 +232,11 @@ def _stop_ids(model: Any, tokenizer: Any, stop_token_ids: Sequence[int] | None) 
 
 
 def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
-    """The named parameters of ``model.forward`` ({} when its signature cannot be read)."""
+    """The named parameters of ``model.forward`` ({} when its signature cannot be read); of the
+    wrapped model's for a peft model (whose own forward passes ``**kwargs`` through)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     try:
-        return inspect.signature(model.forward).parameters
+        return inspect.signature(inner.forward).parameters
     except (TypeError, ValueError):
         return {}
 

@@ -19,7 +19,8 @@ generate on its own, and reshards at the end.
 
 Checkpoints hold whole state dicts (``get_model_state_dict`` / ``get_optimizer_state_dict``
 with ``full_state_dict=True``, offloaded to rank 0's CPU): ``model/`` stays a Hugging Face
-folder of float32 master weights, and the optimizer state is keyed by parameter name. Resume
+folder of float32 master weights (a LoRA run's: its adapters; the frozen base is not
+gathered), and the optimizer state is keyed by parameter name. Resume
 loads the weights before sharding and hands the whole optimizer state to
 ``set_optimizer_state_dict``, which re-shards it; both are bit-exact.
 """
@@ -91,19 +92,22 @@ class FullyShard(Strategy):
     @staticmethod
     def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:
         n, p, cb = settings.world_size, shape.params, precision.compute_bytes
+        # t: float32 masters (every parameter, or a LoRA run's adapters); f: the frozen base
+        t, f = shape.trainable_params, shape.frozen_params
         # gathered during a pass: the root (kept from forward to backward) and the current and
-        # the prefetched layer
+        # the prefetched layer (their adapters included)
         root = shape.root_params * cb
         gathered = root + 2 * shape.layer_params * cb
         return Layout(
-            weights=4 * p / n,
-            gradients=4 * p / n,
-            optimizer=8 * p / n,
+            weights=4 * t / n,
+            gradients=4 * t / n,
+            optimizer=8 * t / n,
             compute_copy=gathered,
             resident_copy=root,
-            sampling_copy=p * cb,  # every layer gathered for generation
+            sampling_copy=(p + shape.adapter_params) * cb,  # every layer gathered to generate
             reference=(p * cb / n + gathered) if settings.reference else 0.0,
-            step_temporaries=4 * p / n,
+            step_temporaries=4 * t / n,
+            frozen=f * cb / n,
         )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -146,8 +150,22 @@ class FullyShard(Strategy):
     def full_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if any(not p.requires_grad for p in model.parameters()):
+            return self._trainable_weights(model)
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(model, options=options)
+        return weights if self.info.is_main else None
+
+    def _trainable_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """Only what trains (a LoRA run's adapters), gathered one tensor at a time: the frozen
+        base is never gathered (``get_model_state_dict``'s ``ignore_frozen_params`` would
+        still gather a tied output head, which ``named_parameters`` does not list as frozen)."""
+        weights = {}
+        for name, param in model.named_parameters():  # the same order on every rank
+            if param.requires_grad:
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                if self.info.is_main:
+                    weights[name] = full.detach().cpu()
         return weights if self.info.is_main else None
 
     def optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:

@@ -85,11 +85,14 @@ def known_config(model_id: str) -> Any:
 
 def model_config(path: str, trust_remote_code: bool = False) -> tuple[Any, str]:
     """``(config, source)`` of ``model.path``: its config.json when readable, else the known
-    transcription of a hub id (source says which)."""
-    from transformers import AutoConfig
+    transcription of a hub id (source says which). A LoRA adapter folder gives its base's."""
+    from gmts.models.loading import load_model_config
+    from gmts.models.lora import adapter_base_path, is_adapter_folder
 
+    if is_adapter_folder(path):
+        path = adapter_base_path(path)
     try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), path
+        return load_model_config(path, trust_remote_code=trust_remote_code), path
     except OSError:
         if path in KNOWN_MODELS:
             return known_config(path), f"{path} (transcribed shape, gmts.scale.known_models)"

@@ -4,7 +4,8 @@ From the model's ``config.json`` alone (``AutoConfig``; no weights), the world s
 distributed strategy, the precision and the batch shapes, :func:`plan_memory` estimates the
 bytes each rank needs in the four phases of a training step and takes the largest:
 
-- **rollout**: master weights + AdamW state (+ the reference model) + the copy of the weights
+- **rollout**: master weights + AdamW state (+ a LoRA run's frozen base) (+ the reference
+  model) + the copy of the weights
   that sampling runs on + the KV cache of ``generation_batch_size`` rows of prompt + response
   + the prefill's working set;
 - **scoring** (old / reference log-probs, no grad): weights + one micro-batch's logits;
@@ -20,6 +21,9 @@ decoding step), not the sum of everything it ever allocates. Where the numbers c
   (exact counts on the meta device; activations measured on a narrow copy of the model).
 - The strategy's layout (what is sharded, what is gathered) comes from the strategy class
   (:meth:`gmts.scale.strategy.Strategy.layout`).
+- LoRA (``model.lora``): only the adapters are float32 masters with gradients and AdamW state;
+  the base is frozen in the compute dtype ("frozen weights"), and the KL reference is the same
+  model with its adapters off (no reference copy).
 
 The plan is an estimate: allocator fragmentation, CUDA context and NCCL buffers are not in it
 (:data:`DEVICE_HEADROOM` leaves room for them when checking against a GPU). Its agreement with
@@ -31,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gmts.models.lora import LoraConfig
 from gmts.scale.model_cost import ModelShape, activation_cost
 
 GIB = 2**30
@@ -43,7 +48,10 @@ class Layout:
     """Bytes per rank that a strategy needs for the weights (see ``Strategy.layout``).
 
     Attributes:
-        weights, gradients, optimizer: master weights, their gradients, AdamW's two moments.
+        weights, gradients, optimizer: master weights (of the trainable parameters), their
+            gradients, AdamW's two moments.
+        frozen: parameters that never train, in the compute dtype (a LoRA run's base; 0 for
+            full fine-tuning).
         compute_copy: weights in the compute dtype alive during a forward + backward.
         resident_copy: the part of ``compute_copy`` still alive after a no-grad forward.
         sampling_copy: the weights sampling runs on (besides the master weights).
@@ -59,6 +67,7 @@ class Layout:
     sampling_copy: float
     reference: float
     step_temporaries: float
+    frozen: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,8 @@ class PlanSettings:
         generation_rows: rows this rank generates at once.
         logits_chunk_size: ``model.logits_chunk_size`` (None: the core's default).
         gradient_checkpointing: recompute activations in backward.
-        reference: a frozen reference model is kept (KL > 0).
+        reference: a separate frozen reference model is kept (KL > 0 without LoRA).
+        lora: the LoRA adapters trained (None: full fine-tuning).
     """
 
     world_size: int
@@ -87,6 +97,7 @@ class PlanSettings:
     logits_chunk_size: int | None = None
     gradient_checkpointing: bool = False
     reference: bool = False
+    lora: LoraConfig | None = None
 
     @classmethod
     def from_config(
@@ -105,7 +116,9 @@ class PlanSettings:
             generation_rows=min(r.generation_batch_size or rows, rows),
             logits_chunk_size=cfg.model.logits_chunk_size,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
-            reference=cfg.objective.kl_coef > 0,
+            # with LoRA the reference is the policy with its adapters off: no copy
+            reference=cfg.objective.kl_coef > 0 and cfg.model.lora is None,
+            lora=cfg.model.lora,
         )
 
 
@@ -146,9 +159,15 @@ class MemoryPlan:
         parts = list(dict.fromkeys(p for ph in self.phases.values() for p in ph))
         s = self.settings
         unit, scale = ("GiB", GIB) if self.peak >= GIB else ("MiB", 2**20)
+        lora = ""
+        if s.lora is not None:
+            lora = (
+                f" (LoRA rank {s.lora.rank}: {self.shape.adapter_params / 1e6:.2f}M trainable, "
+                f"{self.shape.adapter_params / self.shape.params:.2%})"
+            )
         head = (
             f"memory plan per rank ({s.world_size} x {s.strategy}, {s.dtype}, "
-            f"{self.shape.params / 1e9:.2f}B parameters, micro-batch {s.micro_batch_size} x "
+            f"{self.shape.params / 1e9:.2f}B parameters{lora}, micro-batch {s.micro_batch_size} x "
             f"{s.prompt_length}+{s.response_length} tokens, {s.generation_rows} rows generated "
             f"at once), {unit}:"
         )
@@ -168,9 +187,12 @@ class MemoryPlan:
 
 
 def _mode(settings: PlanSettings) -> str:
+    """The probe's precision mode (:func:`gmts.scale.model_cost.activation_cost`)."""
     if settings.dtype == "float32":
         return "float32"
-    return "bf16-params" if settings.strategy == "fsdp" else "autocast"
+    if settings.strategy == "fsdp":
+        return "bf16-params"
+    return "autocast" if settings.lora is None else "bf16-base"
 
 
 def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
@@ -178,11 +200,11 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     from gmts.scale.precision import Precision
     from gmts.scale.strategy import STRATEGIES
 
-    shape = ModelShape.from_config(config)
+    shape = ModelShape.from_config(config, settings.lora)
     precision = Precision.from_name(settings.dtype)
     cb = precision.compute_bytes
     layout = STRATEGIES.get(settings.strategy).layout(shape, precision, settings)
-    act = activation_cost(config, _mode(settings))
+    act = activation_cost(config, _mode(settings), settings.lora)
 
     s = settings
     seq = s.prompt_length + s.response_length
@@ -206,6 +228,8 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     sample_logits = 3 * s.generation_rows * shape.vocab * 4  # (rows, V) float32 softmax
 
     resident = {"weights": layout.weights, "optimizer": layout.optimizer}
+    if layout.frozen:
+        resident["frozen weights"] = layout.frozen
     if layout.reference:
         resident["reference"] = layout.reference
     training = {

@@ -9,6 +9,12 @@ forward on the CPU in the run's precision; every tensor autograd saves is counte
 such tensor of a decoder layer is linear in those widths, so the counts scale back up exactly.
 Attention is assumed to use a fused kernel (no length x length matrix), as SDPA does on CUDA.
 The memory plan (:mod:`gmts.scale.memory_plan`) is built from these numbers.
+
+LoRA (:mod:`gmts.models.lora`): the adapters are put on the meta copy with peft itself, so their
+count is exact for the configured rank and target modules; the probe runs with adapters too
+(frozen base, so autograd saves what it saves then). The rank-``r`` tensors an adapter saves
+(``A x``) do not scale with the width, so the probe runs at ranks 1 and 2 and scales only the
+rest back: ``k * (s_1 - d) + r * d`` with ``d = s_2 - s_1``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from typing import Any
 
 import torch
 
+from gmts.models.lora import LoraConfig
+
 # --------------------------------------------------------------------------- the model
 
 
@@ -30,11 +38,14 @@ class ModelShape:
     """What the plan needs to know about a causal LM, from its config.
 
     Attributes:
-        params: trainable parameters (tied weights counted once).
-        layer_params: parameters of one decoder layer.
-        root_params: parameters outside the decoder layers (embeddings, final norm, head).
+        params: the model's parameters (tied weights counted once), LoRA adapters not included.
+        layer_params: parameters of one decoder layer (its adapters included).
+        root_params: parameters outside the decoder layers (embeddings, final norm, head; their
+            adapters included).
         layers, hidden, heads, kv_heads, head_dim, vocab: the config's sizes.
         max_positions: ``max_position_embeddings`` (None when the config has none).
+        adapter_params: LoRA adapter parameters (0 without LoRA).
+        lora: whether only the adapters train (the base is then frozen).
     """
 
     params: int
@@ -47,14 +58,32 @@ class ModelShape:
     head_dim: int
     vocab: int
     max_positions: int | None
+    adapter_params: int = 0
+    lora: bool = False
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters that train (float32 masters with gradients and AdamW state)."""
+        return self.adapter_params if self.lora else self.params
+
+    @property
+    def frozen_params(self) -> int:
+        """Parameters that never train (held in the compute dtype): a LoRA run's base."""
+        return self.params if self.lora else 0
 
     @classmethod
-    def from_config(cls, config: Any) -> ModelShape:
-        """Count the parameters of ``config``'s causal LM built on the meta device."""
+    def from_config(cls, config: Any, lora: LoraConfig | None = None) -> ModelShape:
+        """Count the parameters of ``config``'s causal LM built on the meta device, with
+        ``lora``'s adapters on it (peft's own placement) when given."""
+        from gmts.models.lora import add_adapters
         from gmts.scale.layers import decoder_layers
 
         model = _meta_model(config)
         params = sum(p.numel() for p in model.parameters())
+        adapters = 0
+        if lora is not None:
+            model = add_adapters(model, lora)
+            adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
         layers = decoder_layers(model)
         layer_params = sum(p.numel() for p in layers[0].parameters())
         heads = config.num_attention_heads
@@ -63,7 +92,7 @@ class ModelShape:
         return cls(
             params=params,
             layer_params=layer_params,
-            root_params=params - layer_params * len(layers),
+            root_params=params + adapters - layer_params * len(layers),
             layers=len(layers),
             hidden=config.hidden_size,
             heads=heads,
@@ -71,6 +100,8 @@ class ModelShape:
             head_dim=head_dim,
             vocab=config.vocab_size,
             max_positions=positions if isinstance(positions, int) else None,
+            adapter_params=adapters,
+            lora=lora is not None,
         )
 
 
@@ -207,26 +238,59 @@ def _saved_bytes(
     return sum(storages.values()), stream["bytes"]
 
 
-@functools.lru_cache(maxsize=64)
-def _activation_cost(
-    config_json: str, config_class: str, mode: str, factor: int | None = None
-) -> ActivationCost:
-    import transformers
+_MODES = {  # mode -> (base parameter dtype, adapter dtype, autocast dtype or None)
+    "float32": (torch.float32, torch.float32, None),
+    "autocast": (torch.float32, torch.float32, torch.bfloat16),
+    "bf16-params": (torch.bfloat16, torch.bfloat16, None),
+    "bf16-base": (torch.bfloat16, torch.float32, torch.bfloat16),
+}
+
+
+def _probe(narrow: Any, mode: str, lora: LoraConfig | None, tokens: int) -> tuple[int, int, int]:
+    """(saved bytes, stream bytes per token, KV-cache bytes) of one forward of ``narrow``."""
     from transformers import AutoModelForCausalLM
 
+    from gmts.models.lora import add_adapters
+
+    base_dtype, adapter_dtype, autocast = _MODES[mode]
+    model = AutoModelForCausalLM.from_config(narrow, dtype=base_dtype)
+    if lora is not None:
+        model = add_adapters(model, lora, dtype=adapter_dtype)
+    model.train()
+    saved, stream = _saved_bytes(model, tokens, autocast)
+    return saved, stream, _cache_bytes(model, tokens, autocast)
+
+
+@functools.lru_cache(maxsize=64)
+def _activation_cost(
+    config_json: str,
+    config_class: str,
+    mode: str,
+    factor: int | None = None,
+    lora_fields: tuple[Any, ...] | None = None,
+) -> ActivationCost:
+    import dataclasses
+
+    import transformers
+
     config = getattr(transformers, config_class).from_dict(json.loads(config_json))
+    lora = None if lora_fields is None else LoraConfig(*lora_fields)
     tokens = 64
     totals, stream = [], 0
     for layers in (1, 2):
         narrow, k = _narrow_config(config, layers, factor)
-        param_dtype = torch.bfloat16 if mode == "bf16-params" else torch.float32
-        model = AutoModelForCausalLM.from_config(narrow, dtype=param_dtype)
-        model.train()
-        autocast = torch.bfloat16 if mode == "autocast" else None
-        saved, stream_bytes = _saved_bytes(model, tokens, autocast)
-        totals.append(saved * k / tokens)
+        if lora is None:
+            saved, stream_bytes, cache = _probe(narrow, mode, None, tokens)
+            totals.append(saved * k / tokens)
+        else:  # the rank-r tensors do not scale with the width: probe ranks 1 and 2
+            s1, stream_bytes, cache = _probe(
+                narrow, mode, dataclasses.replace(lora, rank=1), tokens
+            )
+            s2, _, _ = _probe(narrow, mode, dataclasses.replace(lora, rank=2), tokens)
+            per_rank = s2 - s1
+            totals.append(((s1 - per_rank) * k + lora.rank * per_rank) / tokens)
         stream = stream_bytes * k
-        kv = _cache_bytes(model, tokens, autocast) * k / tokens / layers
+        kv = cache * k / tokens / layers
     per_layer = totals[1] - totals[0]
     return ActivationCost(
         per_layer=per_layer, outside=totals[0] - per_layer, stream=stream, kv_per_layer=kv
@@ -243,13 +307,21 @@ def _cache_bytes(model: torch.nn.Module, tokens: int, autocast: torch.dtype | No
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def activation_cost(config: Any, mode: str) -> ActivationCost:
+def activation_cost(config: Any, mode: str, lora: LoraConfig | None = None) -> ActivationCost:
     """Measured activation bytes per token of ``config``'s architecture.
 
     Args:
         mode: ``"float32"`` (all float32), ``"autocast"`` (float32 parameters under bf16
-            autocast: the replicate strategy's mixed precision) or ``"bf16-params"`` (bf16
-            parameters: FSDP's mixed precision).
+            autocast: the replicate strategy's mixed precision), ``"bf16-params"`` (bf16
+            parameters: FSDP's mixed precision, adapters gathered in bf16 too) or
+            ``"bf16-base"`` (a bf16 frozen base and float32 adapters under bf16 autocast:
+            replicate's mixed precision with LoRA).
+        lora: the adapters trained (None: full fine-tuning).
     """
+    import dataclasses
+
+    fields = (
+        None if lora is None else tuple(getattr(lora, f.name) for f in dataclasses.fields(lora))
+    )
     with torch.random.fork_rng(devices=[]):  # the probe's initialisation draws random numbers
-        return _activation_cost(config.to_json_string(), type(config).__name__, mode)
+        return _activation_cost(config.to_json_string(), type(config).__name__, mode, None, fields)

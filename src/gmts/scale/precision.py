@@ -14,8 +14,18 @@ How the cast happens depends on the distributed strategy (:mod:`gmts.scale.strat
 matmuls, autocast's per-region weight-cast cache), ``fsdp`` hands :meth:`Precision.fsdp_policy`
 to ``fully_shard`` (parameters all-gathered in bf16, gradients reduced in float32).
 
-Serving: checkpoints hold the float32 master weights; :func:`export_model` writes a bf16
-Hugging Face folder (``gmts export``).
+The rule is per parameter: what trains is float32 (its updates must survive rounding), what
+never trains lives in the compute dtype (:attr:`Precision.frozen`). Full fine-tuning trains
+every parameter; its KL reference is a frozen copy in the compute dtype. With LoRA
+(``model.lora``, :mod:`gmts.models.lora`) only the adapters train: they are the float32 masters
+(with their gradients and AdamW state), the base is frozen in the compute dtype (2 bytes per
+parameter under bf16), and the same strategy code casts them: autocast casts the float32
+adapters, FSDP's policy gathers base and adapters in bf16 and reduces the adapters' gradients
+in float32.
+
+Serving: checkpoints hold the float32 master weights (a LoRA run's: its adapters);
+:func:`export_model` writes a bf16 Hugging Face folder (``gmts export``), merging a LoRA run's
+adapters into its base.
 """
 
 from __future__ import annotations
@@ -57,6 +67,12 @@ class Precision:
         return self.compute != self.master
 
     @property
+    def frozen(self) -> torch.dtype:
+        """dtype of parameters that never train (a LoRA run's base, the KL reference model):
+        the compute dtype, since no update has to survive its rounding."""
+        return self.compute
+
+    @property
     def compute_bytes(self) -> int:
         """Bytes of one element in the compute dtype."""
         return torch.empty((), dtype=self.compute).element_size()
@@ -87,8 +103,11 @@ def export_model(source: str | Path, out: str | Path, dtype: str = "bfloat16") -
     :func:`gmts.models.loading.resolve_model_path`) as a Hugging Face folder in ``dtype``.
 
     The training checkpoints keep float32 master weights (4 bytes per parameter); a bf16 copy
-    is what a server (vLLM, ``gmts eval``) needs. The tokenizer is copied along. The folder is
-    written to ``<out>.tmp`` and renamed, so ``out`` is either complete or absent.
+    is what a server (vLLM, ``gmts eval``) needs. A LoRA run's checkpoint (adapters only) is
+    written as its base with the adapters merged in (``W + scaling * B A`` in float32, rounded
+    once to ``dtype``; :func:`gmts.models.loading.load_model`). The tokenizer is copied along.
+    The folder is written to ``<out>.tmp`` and renamed, so ``out`` is either complete or
+    absent.
     """
     import os
     import shutil

@@ -2,7 +2,8 @@
 
 - ``replicate``: every rank holds the whole model, its gradients and the AdamW state; the
   gradients are summed over ranks with one all-reduce per optimizer step. About 16 bytes per
-  parameter per rank (float32 weights, gradients, two Adam moments).
+  parameter per rank (float32 weights, gradients, two Adam moments); with LoRA 16 bytes per
+  adapter parameter plus the frozen base in the compute dtype.
 - ``fsdp``: PyTorch's FSDP2 (``fully_shard`` per decoder layer plus the root,
   :mod:`gmts.scale.fsdp`): weights, gradients and the AdamW state are split over the ranks
   (16 / N bytes per parameter), layers are all-gathered for their forward and backward.
@@ -53,7 +54,8 @@ class Strategy:
 
     # ---- setting up
     def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The trainable policy (float32 master weights on CPU) laid out on this rank."""
+        """The trainable policy (float32 master weights on CPU; with LoRA a peft model whose
+        frozen base is in the compute dtype) laid out on this rank."""
         raise NotImplementedError
 
     def prepare_reference(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -83,8 +85,8 @@ class Strategy:
 
     # ---- checkpoints (collective: every rank calls; rank 0 gets the result)
     def full_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-        """The whole float32 state dict on rank 0 (None: ``save_pretrained`` reads the model
-        itself); None on the other ranks."""
+        """The whole float32 state dict on rank 0, frozen parameters left out (None:
+        ``save_pretrained`` reads the model itself); None on the other ranks."""
         return None
 
     def optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
@@ -112,17 +114,19 @@ class Replicate(Strategy):
 
     @staticmethod
     def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:
-        p, cb = shape.params, precision.compute_bytes
-        cast = p * cb if precision.mixed else 0.0  # autocast's weight casts (freed at its exit)
+        # t: float32 masters (every parameter, or a LoRA run's adapters); f: the frozen base
+        t, f, cb = shape.trainable_params, shape.frozen_params, precision.compute_bytes
+        cast = t * cb if precision.mixed else 0.0  # autocast's weight casts (freed at its exit)
         return Layout(
-            weights=4 * p,
-            gradients=4 * p,
-            optimizer=8 * p,
+            weights=4 * t,
+            gradients=4 * t,
+            optimizer=8 * t,
             compute_copy=cast,
             resident_copy=0.0,
             sampling_copy=cast,
-            reference=p * cb if settings.reference else 0.0,
-            step_temporaries=4 * p,
+            reference=shape.params * cb if settings.reference else 0.0,
+            step_temporaries=4 * t,
+            frozen=f * cb,  # already in the compute dtype: autocast casts nothing of it
         )
 
     def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -2,7 +2,8 @@
 
 Layout of ``<run_dir>/checkpoints/step_000010/``::
 
-    model/              the policy (save_pretrained + tokenizer: a usable Hugging Face model dir)
+    model/              the policy (save_pretrained + tokenizer: a usable Hugging Face model dir;
+                        for a LoRA run a peft adapter folder, its base named in adapter_config.json)
     trainer_state.pt    optimizer, scheduler, RNG states, data position, step
 
 A folder only ever appears under its final name complete (``os.replace`` of a finished
@@ -138,6 +139,8 @@ def _restore_architecture(folder: Path, model: Any) -> None:
 
     name = unwrapped_class_name(model)
     path = folder / "config.json"
+    if not path.is_file():  # a LoRA run's adapter folder: adapter_config.json names the base
+        return
     config = json.loads(path.read_text())
     if config.get("architectures") != [name]:
         config["architectures"] = [name]

@@ -4,7 +4,9 @@
 (``section.field=value``, read by :mod:`gmts.configuration`), the ``--help`` text and
 docs/training.md (:mod:`gmts.cli.config_reference`) are all derived from the dataclasses below
 and their ``metadata["help"]``. The objective and the token selection reuse
-the core's :class:`~gmts.core.config.ObjectiveConfig` and :class:`~gmts.core.config.SelectionConfig`.
+the core's :class:`~gmts.core.config.ObjectiveConfig` and :class:`~gmts.core.config.SelectionConfig`;
+``model.lora`` is :class:`~gmts.models.lora.LoraConfig` (the adapter plumbing's own dataclass,
+shared with the memory plan and the loaders).
 
 Validation happens in ``__post_init__`` (single fields) and :func:`build_config` (types, unknown
 keys), so every mistake is reported before any model is loaded.
@@ -21,6 +23,7 @@ from typing import Any, Literal
 from gmts import configuration
 from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig
+from gmts.models.lora import LoraConfig
 
 ALGORITHMS = ("grpo", "dapo")
 DATASET_MAX_NEW_TOKENS = 1024
@@ -53,7 +56,15 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = _f(
         "float32",
         "Compute dtype. bfloat16: bf16 forward/backward over float32 master weights, gradients "
-        "and AdamW state (mixed precision). Log-probs and entropies are always float32.",
+        "and AdamW state (mixed precision); frozen weights (the reference, a LoRA base) are "
+        "held in bf16. Log-probs and entropies are always float32.",
+    )
+    lora: LoraConfig | None = _f(
+        None,
+        "LoRA adapters through peft (e.g. model.lora.rank=16): only the adapters train (float32 "
+        "masters, gradients and AdamW state), the base is frozen in model.dtype, the KL "
+        "reference is the base (adapters off, no second copy) and checkpoints hold the "
+        "adapters. null: full fine-tuning.",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
     device: str = _f("auto", "'auto' (cuda:<local rank> when available, else cpu), 'cpu', 'cuda'.")

@@ -40,12 +40,13 @@ from gmts.core.loss import LossConfig
 from gmts.models.context import check_fits, context_limit, longest_prompt
 from gmts.models.loading import (
     ModelPathError,
-    load_model,
+    load_model_config,
     load_tokenizer,
     pick_device,
     resolve_model_path,
     step_dir_name,
 )
+from gmts.models.lora import check_targets
 from gmts.scale.distributed import DistInfo, barrier, init_distributed
 from gmts.scale.memory_plan import (
     GIB,
@@ -61,6 +62,7 @@ from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, dump_yaml
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
+from gmts.train.policy import load_policy
 from gmts.train.preemption import (
     PreemptionGuard,
     TrainingPreempted,
@@ -178,13 +180,10 @@ class Trainer:
                 seed=cfg.seed,
             )
 
-        # Before any weight is read: does the longest prompt + the budget fit the model, and
-        # does the run fit the device?
-        from transformers import AutoConfig
-
-        model_config = AutoConfig.from_pretrained(
-            load_path, trust_remote_code=cfg.model.trust_remote_code
-        )
+        # Before any weight is read: do the LoRA targets exist, does the longest prompt + the
+        # budget fit the model, and does the run fit the device?
+        model_config = load_model_config(load_path, trust_remote_code=remote)
+        check_targets(model_config, cfg.model.lora, trust_remote_code=remote)
         self.prompt_tokens = self._check_context(model_config, load_path)
         self.memory_plan = self._plan_memory(model_config, show)
 
@@ -192,21 +191,19 @@ class Trainer:
         self.strategy = make_strategy(
             cfg.distributed.strategy, self.info, self.precision, self.device
         )
-        # master weights in float32 whatever model.dtype says (precision.py)
-        checkpointing = cfg.model.gradient_checkpointing
-        policy = load_model(
-            load_path,
-            dtype=torch.float32,
+        # what trains in float32 whatever model.dtype says (policy.py, precision.py): the whole
+        # model, or LoRA adapters on a base frozen in the compute dtype
+        policy = load_policy(
+            base_path=base_path,
+            resume_from=self.resume_from,
+            lora=cfg.model.lora,
+            strategy=self.strategy,
+            reference=cfg.objective.kl_coef > 0,
+            seed=cfg.seed,
             trust_remote_code=remote,
-            gradient_checkpointing=checkpointing,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
         )
-        self.model = self.strategy.prepare_policy(policy)
-        self.ref_model = None
-        if cfg.objective.kl_coef > 0:  # the reference is always the starting policy
-            ref = load_model(
-                base_path, dtype=self.precision.compute, trust_remote_code=remote, training=False
-            )
-            self.ref_model = self.strategy.prepare_reference(ref.requires_grad_(False))
+        self.model, self.ref_model = policy.model, policy.reference
 
         # Optimisation.
         self.minibatches = r.questions_per_batch // cfg.mini_batch_questions

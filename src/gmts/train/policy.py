@@ -1,0 +1,105 @@
+"""The policy the trainer updates, and its KL reference: ``model.lora`` decides what trains.
+
+- full fine-tuning (``model.lora: null``): every parameter trains, as float32 master weights
+  (:class:`gmts.scale.precision.Precision`); the reference is a second, frozen copy of the
+  starting model in the compute dtype, laid out by the strategy.
+- LoRA (:mod:`gmts.models.lora`): the base is loaded frozen in the compute dtype
+  (``Precision.frozen``: bf16 under ``model.dtype: bfloat16``) and peft adapters are added as
+  float32 masters, the only parameters with ``requires_grad`` (so the optimizer, built from
+  those, holds only them); the strategy lays the whole peft model out as it would any model.
+  The reference is the same model with its adapters switched off
+  (:class:`gmts.models.lora.AdaptersOff`): the starting policy, without a second copy.
+
+Resume loads the checkpoint's ``model/`` before the strategy lays the model out: the whole
+float32 model, or the base from ``model.path`` plus the saved float32 adapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gmts.models.loading import load_model
+from gmts.models.lora import (
+    AdaptersOff,
+    LoraConfig,
+    add_adapters,
+    is_adapter_folder,
+    load_adapter_weights,
+)
+from gmts.scale.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The laid-out policy and its reference.
+
+    Attributes:
+        model: the trained model (on this rank's device, as the strategy lays it out).
+        reference: what the reference log-probs are computed with (same forward signature;
+            None without KL).
+    """
+
+    model: torch.nn.Module
+    reference: Any
+
+
+def load_policy(
+    *,
+    base_path: str,
+    resume_from: Path | None,
+    lora: LoraConfig | None,
+    strategy: Strategy,
+    reference: bool,
+    seed: int,
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+) -> Policy:
+    """Load the policy (and, with ``reference``, its KL reference) and lay it out.
+
+    Args:
+        base_path: the starting model (``model.path`` resolved).
+        resume_from: a checkpoint folder to continue from (its ``model/``), or None.
+        lora: ``model.lora`` (None: full fine-tuning).
+        seed: seeds the adapters' initialisation (the same on every rank).
+    """
+    precision = strategy.precision
+    saved = None if resume_from is None else str(resume_from / "model")
+    if saved is not None and is_adapter_folder(saved) != (lora is not None):
+        held = "LoRA adapters" if is_adapter_folder(saved) else "a whole model"
+        raise ValueError(
+            f"--resume: {resume_from} holds {held}, but model.lora is "
+            f"{'null' if lora is None else 'set'}; resume with the run's own model.lora"
+        )
+    if lora is None:
+        policy = load_model(
+            saved or base_path,
+            dtype=precision.master,
+            trust_remote_code=trust_remote_code,
+            gradient_checkpointing=gradient_checkpointing,
+        )
+        model = strategy.prepare_policy(policy)
+        ref = None
+        if reference:  # the reference is always the starting policy
+            frozen = load_model(
+                base_path,
+                dtype=precision.frozen,
+                trust_remote_code=trust_remote_code,
+                training=False,
+            )
+            ref = strategy.prepare_reference(frozen.requires_grad_(False))
+        return Policy(model, ref)
+    base = load_model(
+        base_path,
+        dtype=precision.frozen,
+        trust_remote_code=trust_remote_code,
+        gradient_checkpointing=gradient_checkpointing,
+    )
+    policy = add_adapters(base, lora, seed=seed, base_path=base_path, dtype=precision.master)
+    if saved is not None:
+        load_adapter_weights(policy, saved)
+    model = strategy.prepare_policy(policy)
+    return Policy(model, AdaptersOff(model) if reference else None)
