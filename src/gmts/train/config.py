@@ -20,6 +20,7 @@ from typing import Any, Literal
 from gmts import configuration
 from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig
+from gmts.sampling.vllm_engine import VLLM_INSTALL_HINT, VLLMConfig, vllm_available
 
 ALGORITHMS = ("grpo", "dapo")
 DATASET_MAX_NEW_TOKENS = 1024
@@ -170,8 +171,30 @@ class RolloutConfig:
     )
     overlong_penalty: float = _f(1.0, "Penalty at the maximum length (linear over the buffer).")
     std_normalize: bool = _f(True, "Divide group advantages by the group's std (GRPO eq. 1).")
+    engine: str = _f(
+        "hf",
+        "Who samples the rollouts: hf (the KV-cached sampler on the policy itself) or vllm (a "
+        "vLLM engine per rank in the trainer's process, sent the policy's weights before "
+        "every rollout that follows an update; settings in rollout.vllm). Same sampling "
+        "either way: plain softmax at the temperature, EOS kept, the same Rollout record.",
+    )
+    vllm: VLLMConfig = _f(
+        help="The vLLM engine (rollout.engine=vllm only).", default_factory=VLLMConfig
+    )
 
     def __post_init__(self) -> None:
+        from gmts.train.engines import available_engines
+
+        _check(
+            self.engine in available_engines(),
+            "rollout.engine",
+            f"expected one of {available_engines()}, got {self.engine!r}",
+        )
+        _check(
+            self.engine != "vllm" or vllm_available(),
+            "rollout.engine",
+            f"vllm needs the vllm package, which is not installed: {VLLM_INSTALL_HINT}",
+        )
         _check(self.questions_per_batch >= 1, "rollout.questions_per_batch", "must be >= 1")
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
         _check(self.temperature > 0, "rollout.temperature", "must be > 0")
