@@ -61,6 +61,7 @@ __all__ = [
     "VLLM_INSTALL_HINT",
     "VLLMConfig",
     "VLLMEngine",
+    "kv_cache_bytes",
     "request_seeds",
     "vllm_available",
 ]
@@ -255,6 +256,19 @@ class VLLMConfig:
     def eager(self, on_gpu: bool) -> bool:
         """``enforce_eager`` resolved for this machine."""
         return (not on_gpu) if self.enforce_eager is None else self.enforce_eager
+
+
+KV_BLOCK_TOKENS = 16
+"""vLLM's default KV cache block (tokens): a row's cache is a whole number of blocks."""
+
+
+def kv_cache_bytes(
+    *, layers: int, kv_heads: int, head_dim: int, element_bytes: int, rows: int, tokens: int
+) -> int:
+    """The KV cache of ``rows`` sequences of ``tokens`` tokens, each rounded up to whole
+    blocks: keys and values of every layer, ``element_bytes`` per value."""
+    blocks = -(-tokens // KV_BLOCK_TOKENS)
+    return rows * blocks * KV_BLOCK_TOKENS * 2 * layers * kv_heads * head_dim * element_bytes
 
 
 def request_seeds(seed: int, rows: int) -> list[int]:

@@ -298,10 +298,6 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     return MemoryPlan(shape=shape, settings=settings, phases=phases)
 
 
-ENGINE_BLOCK_TOKENS = 16
-"""vLLM's KV cache block (tokens): a row's cache is a whole number of blocks."""
-
-
 def _dtype_bytes(name: str) -> int:
     """Bytes per element of the dtype called ``name`` (float32, bfloat16, float16)."""
     return {"float32": 4, "bfloat16": 2, "float16": 2}[name]
@@ -309,13 +305,20 @@ def _dtype_bytes(name: str) -> int:
 
 def engine_kv_cache_bytes(shape: ModelShape, settings: PlanSettings) -> float:
     """The vLLM engine's KV cache for one generation batch: ``generation_rows`` rows of
-    ``prompt_length + response_length`` tokens, each rounded up to whole blocks, keys and
-    values of every layer in the engine's dtype."""
-    element = _dtype_bytes(settings.engine_dtype)
-    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * element
-    seq = settings.prompt_length + settings.response_length
-    blocks = -(-seq // ENGINE_BLOCK_TOKENS)
-    return float(settings.generation_rows * blocks * ENGINE_BLOCK_TOKENS * per_token)
+    ``prompt_length + response_length`` tokens, each rounded up to vLLM's 16-token blocks,
+    keys and values of every layer in the engine's dtype."""
+    from gmts.sampling.vllm_engine import kv_cache_bytes
+
+    return float(
+        kv_cache_bytes(
+            layers=shape.layers,
+            kv_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            element_bytes=_dtype_bytes(settings.engine_dtype),
+            rows=settings.generation_rows,
+            tokens=settings.prompt_length + settings.response_length,
+        )
+    )
 
 
 def _engine_parts(shape: ModelShape, s: PlanSettings) -> dict[str, float]:
