@@ -119,25 +119,19 @@ def test_demo_learns_with_vllm_as_with_hf(tmp_path):
 
 def test_a_skipped_weight_sync_shows_in_the_gap(tmp_path):
     """With every sync skipped the engine keeps sampling from the starting weights: the gap is
-    tiny at step 1 (nothing has changed yet) and far above 1e-4 once the policy moved; with
-    the sync it stays within 1e-4."""
+    tiny at step 1 (nothing has changed yet) and far above 1e-4 once the policy moved. (With
+    the sync it stays within 1e-4: the demo and torchrun tests check that at every step.)"""
     model = save_vllm_tiny_model(tmp_path / "model")
-    common = (
+    _run(
         "--partial-credit",
         *TINY,
         f"model.path={model}",
         "rollout.engine=vllm",
         "optim.steps=3",
-    )
-    _run(*common, f"logging.output_dir={tmp_path / 'synced'}")
-    _run(
-        *common,
         f"logging.output_dir={tmp_path / 'stale'}",
         env={**ENV, "GMTS_TEST_SKIP_SYNC": "1"},
     )
-    synced = _steps(tmp_path / "synced", "rollout/logprob_gap_max")
     stale = _steps(tmp_path / "stale", "rollout/logprob_gap_max")
-    assert max(synced) <= GAP_FP32, synced
     assert stale[0] <= GAP_FP32 and min(stale[1:]) > 1e-3, stale
 
 
@@ -160,7 +154,7 @@ def test_sigkill_and_resume_samples_the_same(tmp_path):
         "--config",
         str(REPO / "configs/demo.yaml"),
         "rollout.engine=vllm",
-        "optim.steps=6",
+        "optim.steps=5",
         "data.eval_questions=0",
         "logging.progress=false",
         "checkpoint.every=1",
@@ -185,10 +179,10 @@ def test_sigkill_and_resume_samples_the_same(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    assert max(s for s, _ in list_checkpoints(killed)) < 6
+    assert max(s for s, _ in list_checkpoints(killed)) < 5
 
     _run(*common, f"logging.output_dir={killed}", "--resume", env=env_k)
-    assert [r["step"] for r in read_metrics(killed)] == list(range(1, 7))
+    assert [r["step"] for r in read_metrics(killed)] == list(range(1, 6))
     assert _rows(straight) == _rows(killed)
     _same_samples(_dumps(tmp_path / "d_straight"), _dumps(tmp_path / "d_killed"))
 

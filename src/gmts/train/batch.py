@@ -51,7 +51,7 @@ class TrainBatch(PromptResponse):
     rewards: torch.Tensor
     advantages: torch.Tensor
     group_ids: torch.Tensor
-    engine_logprobs: torch.Tensor | None = field(default=None, kw_only=True)
+    engine_logprobs: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(

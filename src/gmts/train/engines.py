@@ -317,11 +317,20 @@ def available_engines() -> list[str]:
 
 
 def check_engine(cfg: TrainConfig, device: torch.device) -> None:
-    """What can be checked about the engine on this machine before any model loads: vllm's
-    sleep mode needs a GPU; the engine must run in this process."""
+    """What can be checked about the engine on this machine before any model loads: vllm is
+    installed, its sleep mode has a GPU, the engine may run in this process. (The config
+    itself does not ask for vllm: ``gmts plan`` plans a vllm run anywhere.)"""
     if cfg.rollout.engine != "vllm":
         return
     import os
+
+    from gmts.sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
+
+    if not vllm_available():
+        raise ValueError(
+            f"rollout.engine=vllm needs the vllm package, which is not installed: "
+            f"{VLLM_INSTALL_HINT}"
+        )
 
     try:
         cfg.rollout.vllm.sleeps(device.type == "cuda")  # sleep_mode=on on a CPU
