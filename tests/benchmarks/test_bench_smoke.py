@@ -34,7 +34,9 @@ report = _load("gmts_bench_report", "report.py")
 
 def test_parse_only_validates_names() -> None:
     assert bench_run.parse_only("logprobs,selection") == ["selection", "logprobs"]
-    assert bench_run.parse_only(None) == list(bench_run.BENCHMARKS)
+    assert bench_run.parse_only(None) == bench_run.default_benchmarks()
+    assert set(bench_run.BENCHMARKS) - set(bench_run.default_benchmarks()) <= bench_run.NEEDS_VLLM
+    assert bench_run.parse_only("rollout") == ["rollout"]
     with pytest.raises(ValueError, match="unknown benchmark"):
         bench_run.parse_only("selection,nope")
 
