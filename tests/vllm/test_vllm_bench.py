@@ -26,6 +26,7 @@ def _load(name: str, filename: str):
     return module
 
 
+@pytest.mark.slow
 def test_quick_rollout_benchmark(tmp_path):
     bench_run = _load("gmts_bench_run_vllm", "run.py")
     report = _load("gmts_bench_report_vllm", "report.py")

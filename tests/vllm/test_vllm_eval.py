@@ -36,6 +36,7 @@ def _completions(result: dict) -> dict[str, list[str]]:
     return {q["id"]: q["completions"] for q in result["results"]["builtin:addition"]}
 
 
+@pytest.mark.slow
 def test_greedy_answers_equal_hf(tmp_path):
     args = ("--n", "1", "--temperature", "0", "--limit", "100")
     hf, vllm = _eval(tmp_path, "hf", *args), _eval(tmp_path, "vllm", *args)

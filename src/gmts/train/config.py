@@ -156,7 +156,9 @@ class RolloutConfig:
         "datasets). Prompt + this must fit the model's context (checked at start).",
     )
     generation_batch_size: int | None = _f(
-        None, "Sequences generated at once (null: the whole batch)."
+        None,
+        "Sequences generated at once (null: the whole batch). The hf engine's; vllm schedules "
+        "its own (rollout.vllm.max_num_seqs).",
     )
     dynamic_sampling: bool | None = _f(
         None,
