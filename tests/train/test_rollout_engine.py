@@ -21,7 +21,7 @@ _tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_tiny)
 
 
-def test_engine_section_defaults_and_overrides():
+def test_engine_section_defaults_and_overrides(tmp_path):
     cfg = load_config(None, [])
     assert cfg.rollout.engine == "hf" and cfg.rollout.vllm.tensor_parallel_size == 1
     cfg = load_config(
@@ -40,13 +40,10 @@ def test_engine_section_defaults_and_overrides():
     from gmts.configuration import read_yaml
     from gmts.train.config import dump_yaml
 
-    saved = Path(__file__).with_name("_engine_roundtrip.yaml")
-    try:  # config.yaml of a run reads back to the same engine settings
-        saved.write_text(dump_yaml(cfg))
-        assert load_config(saved).rollout == cfg.rollout
-        assert read_yaml(saved)["rollout"]["vllm"]["engine_kwargs"] == {"block_size": 32}
-    finally:
-        saved.unlink(missing_ok=True)
+    saved = tmp_path / "config.yaml"  # a run's config.yaml reads back to the same settings
+    saved.write_text(dump_yaml(cfg))
+    assert load_config(saved).rollout == cfg.rollout
+    assert read_yaml(saved)["rollout"]["vllm"]["engine_kwargs"] == {"block_size": 32}
 
 
 @pytest.mark.parametrize(
