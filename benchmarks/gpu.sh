@@ -2,7 +2,7 @@
 # Item 6 of the benchmarks (items 1-3 on one CUDA GPU) and issue 11's training proof, from one
 # prepared script.
 #
-#   bash benchmarks/gpu.sh [OUT_DIR] [PARTS]     (default benchmarks/results/gpu, bench,train)
+#   bash benchmarks/gpu.sh [OUT_DIR] [PARTS]     (default benchmarks/results/gpu, bench,train,vllm)
 #   bash benchmarks/gpu.sh --dry-run [WORK_DIR] [PARTS]  (CPU, tiny shapes; results in
 #                                          WORK_DIR/results/gpu, default WORK_DIR a new /tmp folder)
 #
@@ -13,6 +13,11 @@
 #   train  3 training steps of that model with the trainer itself: bf16 mixed precision
 #          (float32 master weights), FSDP2 on one GPU, DAPO + GMTS scaled down
 #          (benchmarks/gpu_train.py); sized for under 8 minutes (an estimate: not yet run).
+#   vllm   the same 3 steps with rollout.engine=vllm (a bf16 engine colocated in the trainer's
+#          process, sleep mode between rollouts): generation tokens/s of both engines, the
+#          weight-sync time and peak memory against the plan (gpu_train.py --engine vllm);
+#          needs vllm importable by the python used. A dry run skips it where vllm is missing
+#          (its CPU path runs in .venv-vllm's tests: tests/vllm/test_vllm_train.py).
 #
 # Uses the machine's own python3 with CUDA PyTorch and transformers; gmts is taken from src/
 # (no install, nothing fetched). Then `python benchmarks/report.py` renders the "6. On a GPU"
@@ -33,7 +38,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-PARTS=${2:-bench,train}
+PARTS=${2:-bench,train,vllm}
 PY=${PYTHON:-python3}
 if ((DRY)); then
     WORK=${1:-$(mktemp -d /tmp/gmts-gpu-dry.XXXXXX)}
@@ -66,6 +71,31 @@ fi
 if [[ ",$PARTS," == *",train,"* ]]; then
     "$PY" benchmarks/gpu_train.py ${TRAIN_DRY[@]+"${TRAIN_DRY[@]}"} --model-dir "$TRAIN_MODEL_DIR" \
         --out "$OUT_DIR/train.json"
+fi
+if [[ ",$PARTS," == *",vllm,"* ]]; then
+    if ! "$PY" -c "import vllm" 2>/dev/null; then
+        if ((DRY)); then
+            echo "part vllm: skipped in the dry run ($PY cannot import vllm)"
+        else
+            echo "part vllm: $PY cannot import vllm (pip install vllm), or leave vllm out of PARTS" >&2
+            exit 2
+        fi
+    else
+        "$PY" -c "import vllm; print('vllm', vllm.__version__)"
+        "$PY" benchmarks/gpu_train.py ${TRAIN_DRY[@]+"${TRAIN_DRY[@]}"} --engine vllm \
+            --model-dir "$TRAIN_MODEL_DIR" --out "$OUT_DIR/train_vllm.json"
+        "$PY" - "$OUT_DIR" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+for name in ("train.json", "train_vllm.json"):
+    if (out / name).exists():
+        r = json.loads((out / name).read_text())
+        sync = [s.get("time/weight_sync_s") for s in r["steps"][1:]]
+        print(f"{r['engine']}: generation {statistics.median(r['generation_tokens_per_s']):.0f} "
+              f"tokens/s (median of steps 2+), weight sync {sync}, peaks {r['device_peak_bytes']}")
+PY
+    fi
 fi
 if ((DRY)); then  # render the results as report.py would, into a copy of the page
     cp docs/results.md "$WORK/results.md"

@@ -1,6 +1,7 @@
 """Three training steps of a Qwen2.5-1.5B-shaped model: bf16 mixed precision, FSDP2, DAPO + GMTS.
 
     python benchmarks/gpu_train.py --out benchmarks/results/gpu/train.json        # CUDA GPU
+    python benchmarks/gpu_train.py --engine vllm --out benchmarks/results/gpu/train_vllm.json
     python benchmarks/gpu_train.py --dry-run --out /tmp/train.json                # CPU, tiny
 
 The GPU proof of the standalone trainer at real scale (issue 11, item 6). The model is
@@ -17,9 +18,16 @@ A random model cannot earn a meaningful reward, so the reward is a pseudo-random
 the update has real advantages. Answers almost never sample the end token (1 in 151,936), so
 every answer runs to the budget: the worst case for time and memory.
 
-Printed and written to ``--out``: each step's time split into rollout and update, tokens per
-second, the peak memory of the rollout and of the update against the memory plan's, and the
-fraction of float32 master weights that the three steps moved.
+``--engine vllm`` samples the rollouts with the trainer's colocated vLLM engine instead
+(``rollout.engine=vllm``: bf16 engine, sleep mode level 2 between rollouts, the policy's
+weights synced in place before every rollout after the first); it needs vllm importable.
+
+Printed and written to ``--out``: each step's time split into rollout and update, generation
+tokens per second of the rollout (response tokens / rollout time), the weight sync time
+(vllm), the peak memory of the rollout and of the update against the memory plan's (PyTorch's
+``max_memory_allocated``, and the device's own used memory polled every 20 ms, which also sees
+what vLLM and the CUDA context hold), and the fraction of float32 master weights that the
+steps moved.
 """
 
 from __future__ import annotations
@@ -85,12 +93,52 @@ def master_weights(model) -> list:
     return out
 
 
+def generation_rate(metrics: dict) -> float:
+    """Response tokens per second of the rollout, the weight sync (vllm) not counted."""
+    seconds = metrics["time/rollout_s"] - metrics.get("time/weight_sync_s", 0.0)
+    return metrics["response/tokens"] / max(seconds, 1e-9)
+
+
+class DevicePoller:
+    """The device's used memory (total - free, ``torch.cuda.mem_get_info``) polled every 20 ms
+    from a thread until :meth:`stop`, which returns the highest value seen."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import torch
+
+        self._torch = torch
+        self._peak = 0.0
+        self._done = threading.Event()
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        free, total = self._torch.cuda.mem_get_info(0)
+        self._peak = max(self._peak, float(total - free))
+
+    def _loop(self) -> None:
+        while not self._done.wait(0.02):
+            self._sample()
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        self._sample()
+        return self._peak
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU")
     parser.add_argument("--model-dir", type=Path, default=None, help="reuse a built model")
+    parser.add_argument(
+        "--engine", choices=("hf", "vllm"), default="hf", help="rollout.engine (default hf)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -119,14 +167,19 @@ def main(argv: list[str] | None = None) -> int:
             f"model.device={device}",
             f"optim.steps={args.steps}",
             f"logging.output_dir={work / 'run'}",
+            f"rollout.engine={args.engine}",
         ],
     )
+    start = time.perf_counter()
     trainer = Trainer(cfg, reward_fn=hashed_reward)
+    init_s = time.perf_counter() - start
     plan = trainer.memory_plan
     cuda = device == "cuda"
     peaks: dict[str, float] = {}
+    device_peaks: dict[str, float] = {}
 
     def peak_of(phase: str, fn, *a):
+        poller = DevicePoller() if cuda else None
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -135,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             peaks[phase] = max(peaks.get(phase, 0.0), torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
+            device_peaks[phase] = max(device_peaks.get(phase, 0.0), poller.stop())
         return out
 
     collect = trainer.collect
@@ -144,14 +198,19 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         metrics = peak_of("update", trainer.train_step, step)  # rollout peak taken inside
         steps.append(metrics)
+        sync = metrics.get("time/weight_sync_s")
         print(
             f"step {step + 1}: {metrics['time/step_s']:.1f} s (rollout "
             f"{metrics['time/rollout_s']:.1f} s, update {metrics['time/update_s']:.1f} s), "
             f"{metrics['response/tokens']:.0f} response tokens, "
-            f"{metrics['time/tokens_per_s']:.0f} tokens/s, reward {metrics['reward/mean']:.3f}, "
+            f"{generation_rate(metrics):.0f} generated tokens/s, "
+            f"{metrics['time/tokens_per_s']:.0f} tokens/s per step, "
+            + (f"weight sync {sync:.2f} s, " if sync is not None else "")
+            + f"reward {metrics['reward/mean']:.3f}, "
             f"selected {metrics.get('select/fraction', 1.0):.3f}",
             flush=True,
         )
+    trainer.close()
     after = master_weights(trainer.model)
     moved = sum(int((a != b).sum()) for a, b in zip(after, before))
     total = sum(b.numel() for b in before)
@@ -159,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run)",
         "torch": torch.__version__,
+        "engine": args.engine,
         "model_build_s": build_s,
+        "trainer_init_s": init_s,
+        "generation_tokens_per_s": [generation_rate(m) for m in steps[1:] or steps],
         "parameters": total,
         "master_dtypes": dtypes,
         "moved_fraction": moved / total,
         "steps": steps,
         "peak_bytes": peaks,
+        "device_peak_bytes": device_peaks,
         "plan_bytes": {k: plan.total(k) for k in plan.phases} if plan else None,
         "plan_table": plan.table() if plan else None,
     }
@@ -187,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(
                     f"peak {phase}: measured {peaks[phase] / GIB:.2f} GiB "
-                    f"(torch.cuda.max_memory_allocated), planned {planned / GIB:.2f} GiB"
+                    f"(torch.cuda.max_memory_allocated), {device_peaks[phase] / GIB:.2f} GiB "
+                    f"(device used, polled), planned {planned / GIB:.2f} GiB"
                 )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

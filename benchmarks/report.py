@@ -301,12 +301,39 @@ def render_learning(record: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def render_rollout(record: dict[str, Any]) -> str:
+    s = record["settings"]
+    rows = [
+        [
+            r["engine"],
+            _fmt_s(r["call"]["median_s"]),
+            f"{r['tokens_per_call_mean']:.0f}",
+            f"{r['tokens_per_s_median']:.0f}",
+        ]
+        for r in record["rows"]
+    ]
+    head = (
+        f"{s['questions']} questions x {s['group_size']} answers ({s['rows']} rows), up to "
+        f"{s['max_new_tokens']} new tokens, {s['model']}, {s['timed_repeats']} timed rollouts "
+        f"per engine (interleaved). vLLM: {s['vllm']}.\n\n"
+    )
+    tail = (
+        f"\n\nvLLM / hf tokens per second: {_fmt_x(record['vllm_vs_hf_tokens_per_s'])} "
+        f"(paired median {_fmt_x(record['vllm_vs_hf_paired_median'])}); engine start-up "
+        f"{_fmt_s(record['engine_start_s'])}; weight sync (whole model, in place) "
+        f"{_fmt_s(record['weight_sync']['median_s'])} median."
+    )
+    table = _table(["engine", "rollout (median)", "tokens per rollout", "tokens/s (median)"], rows)
+    return head + table + tail
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "selection": render_selection,
     "logprobs": render_logprobs,
     "overhead": render_overhead,
     "throughput": render_throughput,
     "learning": render_learning,
+    "rollout": render_rollout,
 }
 
 
@@ -382,7 +409,7 @@ def _update_blocks(text: str, results_dir: Path, prefix: str) -> tuple[str, list
         text, found = _replace_block(text, prefix + path.stem, render(json.loads(path.read_text())))
         if found:
             updated.append(prefix + path.stem)
-    order = ["selection", "logprobs", "overhead", "throughput", "learning"]
+    order = ["selection", "logprobs", "overhead", "throughput", "learning", "rollout"]
     records = [
         json.loads((results_dir / f"{n}.json").read_text())
         for n in order

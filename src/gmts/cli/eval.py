@@ -178,11 +178,12 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or _default_name(args.model)
     out = Path(args.out) if args.out else Path(f"eval-{name}.json")
     if args.backend == "vllm":
-        from gmts.eval.backends import vllm_available
+        from gmts.eval import backends
 
-        if not vllm_available():
+        if not backends.vllm_available():
             return _error(
-                "--backend vllm needs the vllm package (pip install vllm); or use --backend hf"
+                f"--backend vllm needs the vllm package ({backends.VLLM_INSTALL_HINT}); or use "
+                "--backend hf"
             )
 
     try:

@@ -38,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", action="store_true", help="--shipped: as Markdown")
 
 
-def _plan(cfg, gpus: int):
-    """(plan, where the model shape came from) of a TrainConfig on ``gpus`` ranks."""
+def _plan(cfg, gpus: int, gpu_bytes: float | None = None):
+    """(plan, where the model shape came from) of a TrainConfig on ``gpus`` ranks of
+    ``gpu_bytes`` each (None: unknown; a vllm engine is then counted at what one generation
+    batch needs instead of its share of the GPU)."""
     from gmts.models.loading import resolve_model_path
     from gmts.scale.known_models import model_config
     from gmts.scale.memory_plan import PlanSettings, plan_memory
@@ -66,7 +68,11 @@ def _plan(cfg, gpus: int):
         if value % gpus:
             raise ValueError(f"{name} ({value}) must be divisible by --gpus {gpus}")
     settings = PlanSettings.from_config(
-        cfg, world_size=gpus, prompt_length=prompt, response_length=response
+        cfg,
+        world_size=gpus,
+        prompt_length=prompt,
+        response_length=response,
+        device_bytes=gpu_bytes,
     )
     return plan_memory(config, settings), source
 
@@ -86,7 +92,7 @@ def shipped_table(
         cells = []
         params = ""
         for gpus, gib in SETUPS:
-            plan, _ = _plan(cfg, gpus)
+            plan, _ = _plan(cfg, gpus, gib * GIB)
             params = f"{plan.shape.params / 1e9:.2f}B"
             if cfg.model.lora is not None:
                 params += (
@@ -119,11 +125,12 @@ def run(args: argparse.Namespace) -> int:
         if args.gpus < 1:
             raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
         cfg = load_config(args.config, list(args.overrides))
-        plan, source = _plan(cfg, args.gpus)
+        gpu_bytes = None if args.gpu_gib is None else args.gpu_gib * GIB
+        plan, source = _plan(cfg, args.gpus, gpu_bytes)
         full = None
         if cfg.model.lora is not None:  # the same run without LoRA: what the adapters save
             full_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=None))
-            full, _ = _plan(full_cfg, args.gpus)
+            full, _ = _plan(full_cfg, args.gpus, gpu_bytes)
     except ValueError as exc:
         print(f"gmts plan: error: {exc}", file=sys.stderr)
         return 2

@@ -6,7 +6,10 @@ fake. ``temperature == 0`` means greedy decoding.
 
 - ``hf``: Hugging Face ``transformers`` on CPU or GPU, sampling through
   :func:`gmts.sampling.rollout.generate_rollouts`, the same KV-cached sampler training uses.
-- ``vllm``: vLLM's offline ``LLM.generate`` when the package is installed (import guarded).
+- ``vllm``: vLLM's offline engine when the package is installed (import guarded), through the
+  engine wrapper the trainer uses (:mod:`gmts.sampling.vllm_engine`), with the same sampling
+  semantics as ``hf`` (on the embedded warm start in float32 the greedy answers of the two are
+  identical: tests/vllm/test_vllm_eval.py).
 
 Also here: :func:`check_benchmarks_fit`, the context guard ``gmts eval`` runs before loading a
 model. Model paths are resolved and models loaded by :mod:`gmts.models.loading`.
@@ -27,6 +30,7 @@ from gmts.models.loading import (
     resolve_model_path,
     torch_dtype,
 )
+from gmts.sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -266,34 +270,79 @@ def check_whole_model(model_path: str | os.PathLike[str], who: str) -> None:
 
 
 class VLLMBackend:
-    """Generation with vLLM's offline engine (``pip install vllm``; GPU).
+    """Generation with vLLM's offline engine, through the same colocated engine wrapper the
+    trainer samples with (:class:`gmts.sampling.vllm_engine.VLLMEngine`).
 
-    Each request carries its own seed, so results do not depend on which other prompts share
-    the engine's batch. Built from :class:`BackendOptions`: ``model_path``, ``dtype``, ``seed``,
-    ``gpu_memory_utilization``, ``engine_kwargs``.
+    The same sampling semantics as ``hf``: prompts tokenized as the hf backend does (no special
+    tokens added), plain softmax at the temperature, a row ends at the same stop ids (the
+    chat template's end-of-turn token included), completions decoded the same way. Each row's
+    request carries its own seed (from the call's seed and the row), so results do not depend
+    on which other prompts share the engine's batch. Built from :class:`BackendOptions`:
+    ``model_path``, ``dtype``, ``seed``, ``gpu_memory_utilization``, ``engine_kwargs`` (keys
+    that are :class:`VLLMConfig` fields, e.g. ``enforce_eager`` or ``kv_cache_gib``, set those
+    fields; the rest go to ``vllm.LLM``). On a CPU the KV cache is sized for
+    :data:`CPU_ROWS` sequences of the model's whole context, at most :data:`CPU_KV_CAP_BYTES`
+    (vLLM would otherwise reserve ``gpu_memory_utilization`` of the machine's RAM).
     """
 
     name = "vllm"
+    CPU_ROWS = 256
+    CPU_KV_CAP_BYTES = 4 * 2**30
 
     def __init__(self, options: BackendOptions) -> None:
+        import dataclasses
+
+        import torch
+
+        from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine, kv_cache_bytes
+
         try:
-            import vllm
+            import vllm  # noqa: F401
         except ImportError as err:
             raise ImportError(
-                "the vllm backend needs the vllm package (pip install vllm); "
+                f"the vllm backend needs the vllm package ({VLLM_INSTALL_HINT}); "
                 "use --backend hf to evaluate with transformers instead"
             ) from err
         check_whole_model(options.model_path, "the vllm backend")
-        self._vllm = vllm
         self.model_path = resolve_model_path(options.model_path)
-        self.llm = vllm.LLM(
-            model=str(self.model_path),
-            dtype=options.dtype,
+        self.tokenizer = load_tokenizer(self.model_path, pad_token=False)
+        self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
+        fields = {f.name for f in dataclasses.fields(VLLMConfig)}
+        extra = dict(options.engine_kwargs)
+        config = VLLMConfig(
             gpu_memory_utilization=options.gpu_memory_utilization,
-            seed=options.seed,
-            **dict(options.engine_kwargs),
+            **{k: extra.pop(k) for k in list(extra) if k in fields},
+            engine_kwargs=extra,
         )
-        self.tokenizer = self.llm.get_tokenizer()
+        from transformers import AutoConfig
+
+        from gmts.models.context import context_limit
+
+        model_config = AutoConfig.from_pretrained(self.model_path)
+        self.context = context_limit(model_config, self.tokenizer, str(self.model_path))
+        on_gpu = torch.cuda.is_available()
+        kv = None if config.kv_cache_gib is None else int(config.kv_cache_gib * 2**30)
+        if kv is None and not on_gpu:
+            heads = model_config.num_attention_heads
+            tokens = config.max_model_len or getattr(model_config, "max_position_embeddings", 0)
+            shape = dict(
+                layers=model_config.num_hidden_layers,
+                kv_heads=getattr(model_config, "num_key_value_heads", None) or heads,
+                head_dim=getattr(model_config, "head_dim", None)
+                or model_config.hidden_size // heads,
+                element_bytes=2 if options.dtype in ("bfloat16", "float16") else 4,
+                tokens=tokens or 4096,
+            )
+            one = kv_cache_bytes(rows=1, **shape)
+            kv = max(min(kv_cache_bytes(rows=self.CPU_ROWS, **shape), self.CPU_KV_CAP_BYTES), one)
+        self.engine = VLLMEngine(
+            self.model_path,
+            config,
+            dtype=options.dtype,
+            seed=options.seed,
+            on_gpu=on_gpu,
+            kv_cache_bytes=kv,
+        )
 
     def generate(
         self,
@@ -304,18 +353,29 @@ class VLLMBackend:
         max_new_tokens: int,
         seed: int,
     ) -> list[list[str]]:
-        params = [
-            self._vllm.SamplingParams(
-                n=n,
-                temperature=temperature,
-                max_tokens=max_new_tokens,
-                seed=seed + i,
-                skip_special_tokens=True,
-            )
-            for i in range(len(prompts))
-        ]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[o.text for o in out.outputs] for out in outputs]
+        from gmts.embedded.tasks import Problem
+        from gmts.models.context import check_fits, longest_prompt
+
+        check_fits(
+            prompt_tokens=longest_prompt(self.tokenizer, prompts),
+            new_tokens=max_new_tokens,
+            limit=self.context,
+            what="vllm backend",
+            settings="max_new_tokens (gmts eval --max-new-tokens)",
+        )
+        rollout = self.engine.sample_rollouts(
+            self._sampling_tokenizer,
+            [Problem(prompt=p, answer="") for p in prompts],
+            num_samples=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
+        return group_completions(rollout.completions, rollout.group_ids, len(prompts), n)
+
+    def close(self) -> None:
+        """Shut the engine down (frees its memory)."""
+        self.engine.close()
 
 
 # ------------------------------------------------------------------------------------------
@@ -330,13 +390,6 @@ _BACKENDS.add("vllm", VLLMBackend)
 def available_backends() -> list[str]:
     """Names of the backends (whether or not their package is installed)."""
     return _BACKENDS.names()
-
-
-def vllm_available() -> bool:
-    """Whether the vllm package can be imported."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
 
 
 def make_backend(name: str, options: BackendOptions) -> GenerationBackend:

@@ -342,7 +342,7 @@ def _lora_layers(base: torch.nn.Module) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_weights(model: Any, *, every_name: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """The base model's parameters with the active adapters merged in, one at a time.
 
     Yields ``(name, tensor)`` for every parameter of the base model (``model.get_base_model()``;
@@ -354,14 +354,15 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     copied. Only one merged tensor is alive at a time, so no second model is materialised.
     The model is not changed. Under FSDP, iterate inside ``strategy.sampling(model)`` (the
     layers gathered). A model without adapters (full fine-tuning) yields its own
-    ``named_parameters()``, so a weight sync needs no branch.
+    ``named_parameters()``, so a weight sync needs no branch. ``every_name``: a tied weight
+    under each of its names (an inference engine's in-place reload waits for every name).
     """
     if not hasattr(model, "get_base_model"):
-        yield from model.named_parameters()
+        yield from model.named_parameters(remove_duplicate=not every_name)
         return
     base = model.get_base_model()
     layers = _lora_layers(base)
-    for name, param in base.named_parameters():
+    for name, param in base.named_parameters(remove_duplicate=not every_name):
         layer_name, rest = _owning_layer(name, layers)
         if layer_name is None:
             yield name, param

@@ -42,6 +42,9 @@ class Rollout(PromptResponse):
             tokens (so without the EOS).
         num_samples: G.
         pad_token_id: the id used for padding (may equal the EOS id).
+        engine_logprobs: (B, T) float32 log-probs of the sampled tokens under the tempered
+            distribution, as the sampling engine computed them (vLLM records them; 0 on
+            padding), or None when the engine did not record them (the KV-cached sampler here).
 
     ``input_ids``, ``attention_mask`` and ``position_ids`` (the model's inputs) come from
     :class:`gmts.sampling.sequences.PromptResponse`.
@@ -59,12 +62,21 @@ class Rollout(PromptResponse):
     answers: list[str] = field(default_factory=list)
     num_samples: int = 1
     pad_token_id: int = 0
+    engine_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         rows = self.prompt_ids.shape[0]
         for name in ("prompt_mask", "response_ids", "response_mask", "response_lengths"):
             if getattr(self, name).shape[0] != rows:
                 raise ValueError(f"{name} has {getattr(self, name).shape[0]} rows, expected {rows}")
+        if (
+            self.engine_logprobs is not None
+            and self.engine_logprobs.shape != self.response_ids.shape
+        ):
+            raise ValueError(
+                f"engine_logprobs has shape {tuple(self.engine_logprobs.shape)}, expected "
+                f"{tuple(self.response_ids.shape)} (the response_ids')"
+            )
         for name in ("finished", "group_ids", "prompts", "completions", "answers"):
             if len(getattr(self, name)) != rows:
                 raise ValueError(f"{name} has {len(getattr(self, name))} rows, expected {rows}")
@@ -124,6 +136,7 @@ class Rollout(PromptResponse):
             answers=[self.answers[i] for i in picked],
             num_samples=self.num_samples,
             pad_token_id=self.pad_token_id,
+            engine_logprobs=None if self.engine_logprobs is None else self.engine_logprobs[index],
         )
         return out._trimmed()
 
@@ -137,17 +150,23 @@ class Rollout(PromptResponse):
         width_p = max(r.prompt_length for r in rollouts)
         width_t = max(r.response_ids.shape[1] for r in rollouts)
         pad = first.pad_token_id
+        with_logprobs = first.engine_logprobs is not None
         prompt_ids, prompt_mask, response_ids, response_mask, group_ids = [], [], [], [], []
+        logprobs = []
         offset = 0
         for r in rollouts:
             if r.num_samples != first.num_samples or r.pad_token_id != pad:
                 raise ValueError("rollouts must share num_samples and pad_token_id")
+            if (r.engine_logprobs is not None) != with_logprobs:
+                raise ValueError("rollouts must all have engine_logprobs or all not")
             lp = width_p - r.prompt_length
             rt = width_t - r.response_ids.shape[1]
             prompt_ids.append(torch.nn.functional.pad(r.prompt_ids, (lp, 0), value=pad))
             prompt_mask.append(torch.nn.functional.pad(r.prompt_mask, (lp, 0), value=False))
             response_ids.append(torch.nn.functional.pad(r.response_ids, (0, rt), value=pad))
             response_mask.append(torch.nn.functional.pad(r.response_mask, (0, rt), value=False))
+            if r.engine_logprobs is not None:
+                logprobs.append(torch.nn.functional.pad(r.engine_logprobs, (0, rt), value=0.0))
             group_ids.append(r.group_ids + offset)
             offset += r.num_groups
         return Rollout(
@@ -163,6 +182,7 @@ class Rollout(PromptResponse):
             answers=[s for r in rollouts for s in r.answers],
             num_samples=first.num_samples,
             pad_token_id=pad,
+            engine_logprobs=torch.cat(logprobs) if with_logprobs else None,
         )
 
     def _trimmed(self) -> Rollout:
@@ -175,6 +195,8 @@ class Rollout(PromptResponse):
         self.prompt_mask = self.prompt_mask[:, self.prompt_length - used_p :]
         self.response_ids = self.response_ids[:, :used_t]
         self.response_mask = self.response_mask[:, :used_t]
+        if self.engine_logprobs is not None:
+            self.engine_logprobs = self.engine_logprobs[:, :used_t]
         return self
 
 
@@ -214,21 +236,122 @@ def _next_token(
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _stop_ids(model: Any, tokenizer: Any, stop_token_ids: Sequence[int] | None) -> list[int]:
-    """The ids that end a row, eos first."""
+def resolve_stop_ids(
+    tokenizer: Any, generation_config: Any, stop_token_ids: Sequence[int] | None = None
+) -> list[int]:
+    """The ids that end a row, eos first: ``stop_token_ids`` when given, else the tokenizer's
+    eos plus ``generation_config.eos_token_id`` (an int or a list; ``generation_config`` may be
+    None). Every sampling engine stops on exactly this list."""
     if stop_token_ids is not None:
         stop = [int(i) for i in stop_token_ids]
         if not stop:
             raise ValueError("stop_token_ids must not be empty")
         return list(dict.fromkeys(stop))
     stop = [tokenizer.eos_token_id]
-    config = getattr(model, "generation_config", None)
-    extra = getattr(config, "eos_token_id", None) if config is not None else None
+    extra = getattr(generation_config, "eos_token_id", None) if generation_config else None
     if isinstance(extra, int):
         stop.append(extra)
     elif extra is not None:
         stop.extend(int(i) for i in extra)
     return list(dict.fromkeys(stop))
+
+
+def encode_prompts(
+    tokenizer: Any, problems: Sequence[Any], *, add_special_tokens: bool = False
+) -> tuple[list[str], list[str], list[list[int]]]:
+    """``(prompts, answers, token ids)`` of Q problems (see :func:`generate_rollouts` for the
+    accepted forms); a prompt that encodes to no tokens raises."""
+    if len(problems) == 0:
+        raise ValueError("problems must not be empty")
+    prompts, answers = zip(*(_prompt_and_answer(p) for p in problems))
+    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
+    for text, ids in zip(prompts, encoded):
+        if not ids:
+            raise ValueError(f"prompt {text!r} encodes to no tokens")
+    return list(prompts), list(answers), [list(ids) for ids in encoded]
+
+
+def rollout_from_responses(
+    tokenizer: Any,
+    *,
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    encoded: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]] | torch.Tensor,
+    lengths: torch.Tensor | None = None,
+    num_samples: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    device: torch.device | str = "cpu",
+    engine_logprobs: Sequence[Sequence[float]] | None = None,
+) -> Rollout:
+    """The :class:`Rollout` of Q prompts x G sampled responses (rows grouped by prompt), the
+    one definition of its masks shared by every sampling engine.
+
+    Args:
+        prompts, answers, encoded: Q prompt strings, answers and prompt token ids.
+        responses: B = Q * G rows of sampled ids: lists (each as long as the row generated,
+            its end token included), or a ``(B, T)`` tensor with ``lengths``.
+        lengths: ``(B,)`` tokens generated per row when ``responses`` is a tensor.
+        stop_ids: the ids that end a row; a row is finished when its last token is one.
+        engine_logprobs: B lists of the sampled tokens' log-probs as the engine computed them
+            (the same lengths as the responses), or None.
+    """
+    prompt_ids, prompt_mask = _left_pad([list(e) for e in encoded], pad_id)  # (Q, P)
+    prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
+    prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
+    group_ids = torch.arange(len(encoded), device=device).repeat_interleave(num_samples)  # (B,)
+    if isinstance(responses, torch.Tensor):
+        if lengths is None:
+            raise ValueError("a responses tensor needs lengths")
+        response_ids, lengths = responses.to(device), lengths.to(device)
+    else:
+        lengths = torch.tensor([len(r) for r in responses], dtype=torch.long, device=device)
+        response_ids = _right_pad(responses, pad_id, int(lengths.max()), torch.long, device)
+    if response_ids.shape[0] != prompt_ids.shape[0]:
+        raise ValueError(
+            f"{response_ids.shape[0]} responses for {len(encoded)} prompts x {num_samples}"
+        )
+    width = response_ids.shape[1]
+    positions = torch.arange(width, device=device)
+    response_mask = positions[None, :] < lengths[:, None]  # (B, T)
+    # Everything after the end token is padding, whatever the sampler wrote there.
+    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_id))
+    last = response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=device)
+    finished = torch.isin(last, stop) & (lengths > 0)
+    kept = response_ids.tolist()
+    completions = tokenizer.batch_decode(
+        [ids[:n] for ids, n in zip(kept, lengths.tolist())], skip_special_tokens=True
+    )
+    logprobs = None
+    if engine_logprobs is not None:
+        logprobs = _right_pad(engine_logprobs, 0.0, width, torch.float32, device)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        response_lengths=lengths,
+        finished=finished,
+        group_ids=group_ids,
+        prompts=[p for p in prompts for _ in range(num_samples)],
+        completions=completions,
+        answers=[a for a in answers for _ in range(num_samples)],
+        num_samples=num_samples,
+        pad_token_id=pad_id,
+        engine_logprobs=logprobs,
+    )
+
+
+def _right_pad(
+    rows: Sequence[Sequence[Any]], value: Any, width: int, dtype: torch.dtype, device: Any
+) -> torch.Tensor:
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, : len(row)] = torch.tensor(list(row), dtype=dtype)
+    return out.to(device)
 
 
 def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Parameter]:
@@ -339,25 +462,20 @@ def generate_rollouts(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-    if len(problems) == 0:
-        raise ValueError("problems must not be empty")
     eos_id = tokenizer.eos_token_id
     if eos_id is None and not stop_token_ids:
         raise ValueError("tokenizer must define an eos token (or pass stop_token_ids)")
-    stop = _stop_ids(model, tokenizer, stop_token_ids)
+    stop = resolve_stop_ids(tokenizer, getattr(model, "generation_config", None), stop_token_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
 
-    prompts, answers = zip(*(_prompt_and_answer(p) for p in problems))
-    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"]
-    for text, ids in zip(prompts, encoded):
-        if not ids:
-            raise ValueError(f"prompt {text!r} encodes to no tokens")
+    prompts, answers, encoded = encode_prompts(
+        tokenizer, problems, add_special_tokens=add_special_tokens
+    )
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = _left_pad(encoded, pad_id)  # (Q, P)
     prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
     prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
     rows = prompt_ids.shape[0]
-    group_ids = torch.arange(len(problems), device=device).repeat_interleave(num_samples)  # (B,)
 
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -387,28 +505,15 @@ def generate_rollouts(
     response_ids = torch.cat(
         [torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=pad_id) for ids, _ in pieces]
     )  # (B, T)
-    lengths = torch.cat([lengths for _, lengths in pieces])  # (B,)
-    positions = torch.arange(width, device=device)
-    response_mask = positions[None, :] < lengths[:, None]  # (B, T)
-    # Everything after the EOS is padding, whatever the sampler wrote there.
-    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_id))
-    last = response_ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
-    finished = torch.isin(last, torch.tensor(stop, device=device)) & (lengths > 0)
-    kept = response_ids.masked_fill(~response_mask, pad_id).tolist()
-    completions = tokenizer.batch_decode(
-        [ids[:n] for ids, n in zip(kept, lengths.tolist())], skip_special_tokens=True
-    )
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        response_lengths=lengths,
-        finished=finished,
-        group_ids=group_ids,
-        prompts=[p for p in prompts for _ in range(num_samples)],
-        completions=completions,
-        answers=[a for a in answers for _ in range(num_samples)],
+    return rollout_from_responses(
+        tokenizer,
+        prompts=prompts,
+        answers=answers,
+        encoded=encoded,
+        responses=response_ids,
+        lengths=torch.cat([lengths for _, lengths in pieces]),  # (B,)
         num_samples=num_samples,
-        pad_token_id=pad_id,
+        stop_ids=stop,
+        pad_id=pad_id,
+        device=device,
     )

@@ -7,12 +7,21 @@ bytes each rank needs in the four phases of a training step and takes the larges
 - **rollout**: master weights + AdamW state (+ a LoRA run's frozen base) (+ the reference
   model) + the copy of the weights
   that sampling runs on + the KV cache of ``generation_batch_size`` rows of prompt + response
-  + the prefill's working set;
+  + the prefill's working set; with ``rollout.engine=vllm`` the engine instead (below);
 - **scoring** (old / reference log-probs, no grad): weights + one micro-batch's logits;
 - **update** (forward + backward of one micro-batch): weights + gradients + AdamW state + the
   compute copy + saved activations + the logits and their gradient + the float32 blocks of
   :mod:`gmts.core.logprobs`;
 - **optimizer step**: weights + gradients + AdamW state + the step's float32 temporaries.
+
+With ``rollout.engine=vllm`` the colocated engine holds its own copy of the weights (in the
+engine's dtype) and its KV cache: ``rollout.vllm.kv_cache_gib`` when set; else on a GPU of known
+size what vLLM takes, ``gpu_memory_utilization`` x the GPU's memory (weights, activations and KV
+cache together); else (no device size: ``gmts plan`` without ``--gpu-gib``, or a CPU, where the
+trainer sizes the cache this way) the KV cache of one generation batch of
+``min(max_num_seqs, rows)`` full-length rows, rounded up to vLLM's 16-token blocks. The policy
+then needs no sampling copy. Outside the rollout the engine is counted in every phase, unless
+it sleeps (sleep mode on a GPU: levels 1 and 2 both leave nothing on the GPU).
 
 Each phase is the larger of the moments it passes through (e.g. the prefill vs the last
 decoding step), not the sum of everything it ever allocates. Where the numbers come from:
@@ -85,6 +94,12 @@ class PlanSettings:
         gradient_checkpointing: recompute activations in backward.
         reference: a separate frozen reference model is kept (KL > 0 without LoRA).
         lora: the LoRA adapters trained (None: full fine-tuning).
+        engine: ``rollout.engine`` (hf or vllm).
+        engine_dtype: vllm: the engine's dtype, resolved (float32 / bfloat16 / float16).
+        engine_memory_fraction: vllm: ``gpu_memory_utilization``.
+        engine_kv_bytes: vllm: ``kv_cache_gib`` in bytes, or None.
+        engine_sleeps: vllm: the engine releases its memory outside rollouts.
+        device_bytes: the device's memory when known (a GPU's), else None.
     """
 
     world_size: int
@@ -98,14 +113,40 @@ class PlanSettings:
     gradient_checkpointing: bool = False
     reference: bool = False
     lora: LoraConfig | None = None
+    engine: str = "hf"
+    engine_dtype: str = "float32"
+    engine_memory_fraction: float = 0.5
+    engine_kv_bytes: float | None = None
+    engine_sleeps: bool = False
+    device_bytes: float | None = None
 
     @classmethod
     def from_config(
-        cls, cfg: Any, *, world_size: int, prompt_length: int, response_length: int
+        cls,
+        cfg: Any,
+        *,
+        world_size: int,
+        prompt_length: int,
+        response_length: int,
+        gpu: bool = True,
+        device_bytes: float | None = None,
     ) -> PlanSettings:
-        """The settings of a :class:`gmts.train.config.TrainConfig` on ``world_size`` ranks."""
+        """The settings of a :class:`gmts.train.config.TrainConfig` on ``world_size`` ranks;
+        ``gpu``: planned for GPUs (decides vLLM's sleep mode), ``device_bytes``: their memory."""
         r = cfg.rollout
         rows = r.questions_per_batch // world_size * r.group_size
+        engine: dict[str, Any] = {"engine": r.engine, "device_bytes": device_bytes}
+        if r.engine == "vllm":
+            v = r.vllm
+            rows_at_once = v.max_num_seqs or rows
+            engine.update(
+                engine_dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
+                engine_memory_fraction=v.gpu_memory_utilization,
+                engine_kv_bytes=None if v.kv_cache_gib is None else v.kv_cache_gib * GIB,
+                engine_sleeps=v.sleeps(gpu),
+            )
+        else:
+            rows_at_once = r.generation_batch_size or rows
         return cls(
             world_size=world_size,
             strategy=cfg.distributed.strategy,
@@ -113,12 +154,13 @@ class PlanSettings:
             micro_batch_size=min(cfg.optim.micro_batch_size, rows),
             prompt_length=prompt_length,
             response_length=response_length,
-            generation_rows=min(r.generation_batch_size or rows, rows),
+            generation_rows=min(rows_at_once, rows),
             logits_chunk_size=cfg.model.logits_chunk_size,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
             # with LoRA the reference is the policy with its adapters off: no copy
             reference=cfg.objective.kl_coef > 0 and cfg.model.lora is None,
             lora=cfg.model.lora,
+            **engine,
         )
 
 
@@ -159,6 +201,7 @@ class MemoryPlan:
         parts = list(dict.fromkeys(p for ph in self.phases.values() for p in ph))
         s = self.settings
         unit, scale = ("GiB", GIB) if self.peak >= GIB else ("MiB", 2**20)
+        engine = f", vllm engine in {s.engine_dtype}" if s.engine == "vllm" else ""
         lora = ""
         if s.lora is not None:
             lora = (
@@ -166,7 +209,7 @@ class MemoryPlan:
                 f"{self.shape.adapter_params / self.shape.params:.2%})"
             )
         head = (
-            f"memory plan per rank ({s.world_size} x {s.strategy}, {s.dtype}, "
+            f"memory plan per rank ({s.world_size} x {s.strategy}, {s.dtype}{engine}, "
             f"{self.shape.params / 1e9:.2f}B parameters{lora}, micro-batch {s.micro_batch_size} x "
             f"{s.prompt_length}+{s.response_length} tokens, {s.generation_rows} rows generated "
             f"at once), {unit}:"
@@ -232,14 +275,20 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
         resident["frozen weights"] = layout.frozen
     if layout.reference:
         resident["reference"] = layout.reference
+    engine = _engine_parts(shape, s)
+    if engine and not s.engine_sleeps:  # the engine holds its memory through the update too
+        resident["vllm engine"] = sum(engine.values())
     training = {
         **resident,
         "gradients": layout.gradients,
         "compute copy": layout.compute_copy,
         "activations": kept,
     }
-    phases = {  # each phase: the larger of the moments it passes through
-        "rollout": _peak(
+    if engine:  # the engine samples; the policy needs no sampling copy
+        base = {k: v for k, v in resident.items() if k != "vllm engine"}
+        rollout = {**base, **engine, "working set": sample_logits}
+    else:
+        rollout = _peak(
             {
                 **resident,
                 "sampling copy": layout.sampling_copy,
@@ -252,7 +301,9 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
                 "KV cache": kv_prompt,
                 "working set": prefill,
             },  # the prefill of the prompts
-        ),
+        )
+    phases = {  # each phase: the larger of the moments it passes through
+        "rollout": rollout,
         "scoring": _peak(
             {
                 **resident,
@@ -269,6 +320,43 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
         "step": {**resident, "gradients": layout.gradients, "working set": layout.step_temporaries},
     }
     return MemoryPlan(shape=shape, settings=settings, phases=phases)
+
+
+def _dtype_bytes(name: str) -> int:
+    """Bytes per element of the dtype called ``name`` (float32, bfloat16, float16)."""
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[name]
+
+
+def engine_kv_cache_bytes(shape: ModelShape, settings: PlanSettings) -> float:
+    """The vLLM engine's KV cache for one generation batch: ``generation_rows`` rows of
+    ``prompt_length + response_length`` tokens, each rounded up to vLLM's 16-token blocks,
+    keys and values of every layer in the engine's dtype."""
+    from gmts.sampling.vllm_engine import kv_cache_bytes
+
+    return float(
+        kv_cache_bytes(
+            layers=shape.layers,
+            kv_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            element_bytes=_dtype_bytes(settings.engine_dtype),
+            rows=settings.generation_rows,
+            tokens=settings.prompt_length + settings.response_length,
+        )
+    )
+
+
+def _engine_parts(shape: ModelShape, s: PlanSettings) -> dict[str, float]:
+    """The vLLM engine's bytes by part ({} for the hf engine): see the module docstring."""
+    if s.engine != "vllm":
+        return {}
+    weights = shape.params * _dtype_bytes(s.engine_dtype)
+    if s.engine_kv_bytes is not None:
+        rest = s.engine_kv_bytes
+    elif s.device_bytes is not None:  # vLLM takes its fraction, whatever the batch needs
+        rest = max(s.engine_memory_fraction * s.device_bytes - weights, 0.0)
+    else:
+        rest = engine_kv_cache_bytes(shape, s)
+    return {"engine weights": float(weights), "engine KV cache": rest}
 
 
 def _peak(*moments: dict[str, float]) -> dict[str, float]:

@@ -83,6 +83,25 @@ class Strategy:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         return float(norm)
 
+    # ---- weights for a rollout engine (collective: every rank iterates, in the same order)
+    def full_parameters(
+        self, model: torch.nn.Module, dtype: torch.dtype | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every parameter of the policy, whole, one at a time: ``(name, tensor)`` in the
+        Hugging Face checkpoint's names (a tied weight under each of its names, as a
+        checkpoint holds it: vLLM's in-place reload waits for every name of a layer), cast to
+        ``dtype`` (None: as held, the float32 master weights). A sharded parameter (an FSDP2 ``DTensor``) is cast on its
+        shard and then all-gathered, so at most one whole parameter exists beyond the shards
+        at a time (the consumer decides how long it keeps it). Every rank must consume the
+        iterator to its end together."""
+        for name, param in model.named_parameters(remove_duplicate=False):
+            tensor = param.detach()
+            if dtype is not None:
+                tensor = tensor.to(dtype)
+            if hasattr(tensor, "full_tensor"):  # a DTensor shard: gather the whole tensor
+                tensor = tensor.full_tensor()
+            yield name, tensor
+
     # ---- checkpoints (collective: every rank calls; rank 0 gets the result)
     def full_weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """The whole float32 state dict on rank 0, frozen parameters left out (None:

@@ -34,6 +34,11 @@ class TrainBatch(PromptResponse):
         rewards: ``(B,)`` float32 final rewards (overlong penalty included).
         advantages: ``(B,)`` float32 group advantages.
         group_ids: ``(B,)`` long, consecutive rows of a group share one id.
+        engine_logprobs: ``(B, T)`` float32 log-probs of the sampled tokens as the rollout
+            engine computed them (vllm: in the tempered distribution the trainer scores; 0 on
+            padding), or None when the engine records none (hf). The loss's pi_old is the
+            trainer's own forward (``ScoredBatch.old_logprobs``); these are what a rollout
+            correction (pi_old / pi_engine) would be computed from.
 
     ``input_ids``, ``attention_mask`` and ``position_ids`` come from
     :class:`gmts.sampling.sequences.PromptResponse`, as for the rollout it was built from.
@@ -46,6 +51,7 @@ class TrainBatch(PromptResponse):
     rewards: torch.Tensor
     advantages: torch.Tensor
     group_ids: torch.Tensor
+    engine_logprobs: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(
@@ -61,6 +67,7 @@ class TrainBatch(PromptResponse):
             rewards=rewards,
             advantages=advantages.float(),
             group_ids=roll.group_ids + group_offset,
+            engine_logprobs=roll.engine_logprobs,
         )
 
     @property

@@ -15,6 +15,7 @@ from gmts.rewards.sandbox import SandboxUnavailableError
 from gmts.scale.distributed import DistInfo
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
+from gmts.train.engines import RolloutEngine
 from gmts.train.sources import QuestionSource, RewardFn
 
 
@@ -51,7 +52,8 @@ def overlong_penalty(
 
 
 def sampling_seed(seed: int, step: int, round_: int, rank: int) -> int:
-    """The sampling seed of one rollout round: a function of the step, so resumed runs repeat."""
+    """The sampling seed of one rollout round: a function of the step, so resumed runs repeat
+    (the vllm engine seeds each row's request from it and the row)."""
     return (seed * 1_000_003 + step * 7_919 + round_ * 104_729 + rank * 15_485_863) % (2**31 - 1)
 
 
@@ -115,8 +117,7 @@ class CollectedBatch:
 
 
 def collect_batch(
-    model: Any,
-    tokenizer: Any,
+    engine: RolloutEngine,
     source: QuestionSource,
     reward_fn: RewardFn,
     r: RolloutConfig,
@@ -127,7 +128,8 @@ def collect_batch(
     info: DistInfo,
     device: torch.device,
 ) -> CollectedBatch:
-    """This rank's rollout batch for ``step`` (on ``device``) and its global sums.
+    """This rank's rollout batch for ``step`` (on ``device``) and its global sums; call it
+    inside ``engine.session()``.
 
     Every rank draws the same ``questions_per_batch`` questions from ``source`` each round and
     generates for its contiguous slice. With dynamic sampling, groups whose rewards are all
@@ -135,7 +137,7 @@ def collect_batch(
     rounds, so the sources stay identical) until every rank is full or
     ``max_sampling_rounds`` is reached; then dropped groups top the batch up.
     """
-    from gmts.sampling.rollout import Rollout, generate_rollouts
+    from gmts.sampling.rollout import Rollout
 
     G = r.group_size
     n_local = r.questions_per_batch // info.world_size
@@ -147,14 +149,11 @@ def collect_batch(
         problems = source.next(r.questions_per_batch)  # identical on every rank
         mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
         if have < n_local:
-            roll = generate_rollouts(
-                model,
-                tokenizer,
+            roll = engine.generate(
                 mine,
                 num_samples=G,
                 max_new_tokens=max_new_tokens,
                 temperature=r.temperature,
-                batch_size=r.generation_batch_size,
                 seed=sampling_seed(seed, step, rounds, info.rank),
             )
             raw, errs = score_rewards(reward_fn, roll.completions, roll.answers)

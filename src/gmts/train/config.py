@@ -24,6 +24,7 @@ from gmts import configuration
 from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig
 from gmts.models.lora import LoraConfig
+from gmts.sampling.vllm_engine import VLLMConfig
 
 ALGORITHMS = ("grpo", "dapo")
 DATASET_MAX_NEW_TOKENS = 1024
@@ -170,7 +171,9 @@ class RolloutConfig:
         "datasets). Prompt + this must fit the model's context (checked at start).",
     )
     generation_batch_size: int | None = _f(
-        None, "Sequences generated at once (null: the whole batch)."
+        None,
+        "Sequences generated at once (null: the whole batch). The hf engine's; vllm schedules "
+        "its own (rollout.vllm.max_num_seqs).",
     )
     dynamic_sampling: bool | None = _f(
         None,
@@ -190,8 +193,25 @@ class RolloutConfig:
         "The group std of the advantages: unbiased (divide by G - 1: torch.std, TRL, verl) or "
         "population (divide by G: np.std, the authors' GMTS code; A is sqrt(G/(G-1)) larger).",
     )
+    engine: str = _f(
+        "hf",
+        "Who samples the rollouts: hf (the KV-cached sampler on the policy itself) or vllm (a "
+        "vLLM engine per rank in the trainer's process, sent the policy's weights before "
+        "every rollout that follows an update; settings in rollout.vllm). Same sampling "
+        "either way: plain softmax at the temperature, EOS kept, the same Rollout record.",
+    )
+    vllm: VLLMConfig = _f(
+        help="The vLLM engine (rollout.engine=vllm only).", default_factory=VLLMConfig
+    )
 
     def __post_init__(self) -> None:
+        from gmts.train.engines import available_engines
+
+        _check(
+            self.engine in available_engines(),
+            "rollout.engine",
+            f"expected one of {available_engines()}, got {self.engine!r}",
+        )
         _check(self.questions_per_batch >= 1, "rollout.questions_per_batch", "must be >= 1")
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")
         _check(self.temperature > 0, "rollout.temperature", "must be > 0")

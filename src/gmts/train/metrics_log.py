@@ -14,7 +14,14 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 TIMING_KEYS = frozenset(
-    {"time/step_s", "time/rollout_s", "time/update_s", "time/tokens_per_s", "time/elapsed_s"}
+    {
+        "time/step_s",
+        "time/rollout_s",
+        "time/update_s",
+        "time/tokens_per_s",
+        "time/elapsed_s",
+        "time/weight_sync_s",
+    }
 )
 
 

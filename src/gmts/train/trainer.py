@@ -61,6 +61,7 @@ from gmts.train import checkpoint as ckpt
 from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, dump_yaml
+from gmts.train.engines import EngineInputs, check_engine, logprob_gap_metrics, make_engine
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import load_policy
 from gmts.train.preemption import (
@@ -133,6 +134,7 @@ class Trainer:
             if value % world:
                 raise ValueError(f"{name} ({value}) must be divisible by the {world} processes")
         self.device = pick_device(cfg.model.device, self.info.local_rank)
+        check_engine(cfg, self.device)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         random.seed(cfg.seed)
@@ -250,6 +252,22 @@ class Trainer:
             ckpt.restore_rng_state(state["rng"])
             self.step = int(state["step"])
             self.skipped_total = int(state.get("skipped_total", 0))
+        # Who samples (rollout.engine): the policy itself, or a colocated vLLM engine started
+        # from the same weights (gmts.train.engines).
+        self.rollout_engine = make_engine(
+            EngineInputs(
+                cfg=cfg,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                strategy=self.strategy,
+                info=self.info,
+                device=self.device,
+                model_path=load_path,
+                model_config=model_config,
+                prompt_tokens=self.prompt_tokens,
+                max_new_tokens=self.max_new_tokens,
+            )
+        )
         self.logger = MetricsLogger(
             self.run_dir,
             report_to=cfg.logging.report_to,
@@ -321,11 +339,16 @@ class Trainer:
     def _plan_memory(self, model_config: Any, show: bool) -> MemoryPlan | None:
         """The per-rank memory plan (printed by rank 0); on CUDA, refuse a run that does not
         fit (``distributed.check_memory``)."""
+        on_gpu = self.device.type == "cuda"
         settings = PlanSettings.from_config(
             self.cfg,
             world_size=self.info.world_size,
             prompt_length=self.prompt_tokens,
             response_length=self.max_new_tokens,
+            gpu=on_gpu,
+            device_bytes=torch.cuda.get_device_properties(self.device).total_memory
+            if on_gpu
+            else None,
         )
         try:
             plan = plan_memory(model_config, settings)
@@ -342,10 +365,9 @@ class Trainer:
 
     def collect(self, step: int) -> CollectedBatch:
         """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
-        with self.strategy.sampling(self.model):
+        with self.rollout_engine.session():
             return collect_batch(
-                self.model,
-                self.tokenizer,
+                self.rollout_engine,
                 self.source,
                 self.reward_fn,
                 self.cfg.rollout,
@@ -489,6 +511,8 @@ class Trainer:
             self.info.group,
         )
         metrics["policy/entropy"] = (entropy[0] / entropy[1].clamp_min(1)).item()
+        metrics.update(logprob_gap_metrics(batch, self.info))  # {} unless the engine records them
+        metrics.update(self.rollout_engine.metrics())
         metrics.update(update_metrics(updates))
         if overlaps:
             total = sum(overlaps[1:], overlaps[0])
@@ -553,6 +577,11 @@ class Trainer:
                 keep=self.cfg.checkpoint.keep,
             )
         barrier(self.info)
+
+    def close(self) -> None:
+        """Release the rollout engine (a vLLM engine's memory; under torchrun its teardown also
+        leaves the process group, so this comes after the run's last collective)."""
+        self.rollout_engine.close()
 
     # ------------------------------------------------------------------ the loop
 
@@ -662,4 +691,8 @@ def train(
     cfg: TrainConfig, *, resume: bool = False, reward_fn: RewardFn | None = None
 ) -> TrainResult:
     """Train a policy as ``cfg`` says; see :class:`Trainer`. Returns the history and evals."""
-    return Trainer(cfg, resume=resume, reward_fn=reward_fn).run()
+    trainer = Trainer(cfg, resume=resume, reward_fn=reward_fn)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()

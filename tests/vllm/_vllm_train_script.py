@@ -1,0 +1,72 @@
+"""One training run for the vLLM tests (not a test module).
+
+python _vllm_train_script.py [--config FILE] [--partial-credit] [--resume] section.field=value ...
+
+The trainer itself (``gmts.train.trainer.Trainer``), as ``gmts train`` runs it, one process or
+under torchrun. ``--partial-credit``: the partial-credit reward of tests/train/_tiny.py (a
+random tiny model earns some), else the task's own. With GMTS_TEST_ROLLOUT_DIR set, every rank
+also writes what it sampled at each step (``<dir>/rank<R>_step<S>.pt``: prompt and response
+ids, the response mask and the engine's log-probs). GMTS_TEST_SKIP_SYNC=1 makes the vllm engine
+skip every weight sync (it keeps its starting weights): the broken run a test must catch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--partial-credit", action="store_true")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("_vllm_tiny", here / "_vllm_tiny.py")
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    from gmts.scale.distributed import shutdown
+    from gmts.train.config import load_config
+    from gmts.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    cfg = load_config(args.config, args.overrides)
+    reward = helpers.tiny.partial_credit if args.partial_credit else None
+    trainer = Trainer(cfg, resume=args.resume, reward_fn=reward)
+    if os.environ.get("GMTS_TEST_SKIP_SYNC") == "1":
+        trainer.rollout_engine.sync_weights = lambda: None
+    dump = os.environ.get("GMTS_TEST_ROLLOUT_DIR")
+    if dump:
+        collect = trainer.collect
+
+        def recorded(step: int):
+            collected = collect(step)
+            b = collected.batch
+            torch.save(
+                {
+                    "prompt_ids": b.prompt_ids.cpu(),
+                    "prompt_mask": b.prompt_mask.cpu(),
+                    "response_ids": b.response_ids.cpu(),
+                    "response_mask": b.response_mask.cpu(),
+                    "engine_logprobs": b.engine_logprobs,
+                },
+                Path(dump) / f"rank{trainer.info.rank}_step{step}.pt",
+            )
+            return collected
+
+        trainer.collect = recorded
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The rollout benchmark (benchmarks/bench_rollout.py: hf vs vLLM tokens/s) runs end to end in
+--quick mode, writes its JSON and renders its block. No timing is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _vllm_tiny import SKIP_REASON, vllm_installed  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON)
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str, filename: str):
+    sys.path.insert(0, str(BENCH_DIR))
+    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_quick_rollout_benchmark(tmp_path):
+    bench_run = _load("gmts_bench_run_vllm", "run.py")
+    report = _load("gmts_bench_report_vllm", "report.py")
+    assert "rollout" in bench_run.parse_only(None)  # vllm is installed here
+    assert bench_run.main(["--only", "rollout", "--quick", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "rollout.json").read_text())
+    assert record["status"] == "ok" and record["quick"] is True
+    engines = {row["engine"]: row for row in record["rows"]}
+    assert set(engines) == {"hf", "vllm"}
+    for row in engines.values():
+        assert row["tokens_per_call_mean"] > 0 and row["tokens_per_s_median"] > 0
+    assert record["engine_start_s"] > 0 and record["weight_sync"]["median_s"] > 0
+    markdown = report.render(record)
+    assert "vLLM / hf tokens per second" in markdown and "| vllm |" in markdown
