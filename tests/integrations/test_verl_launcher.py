@@ -67,8 +67,17 @@ def test_preset_and_bad_values():
     build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
     with pytest.raises(ValueError, match="loss_agg_mode"):  # no core counterpart
         build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"])
-    with pytest.raises(ValueError, match="loss_mode"):
-        build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"])
+    build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"])  # omega of gpg: w A
+    with pytest.raises(ValueError, match="clip_cov removes"):  # a random draw inside the loss
+        build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"])
+    build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "gmts.score=entropy"])
+    with pytest.raises(ValueError, match="full next-token distributions"):
+        build_command(
+            [
+                "actor_rollout_ref.actor.use_kl_loss=true",
+                "actor_rollout_ref.actor.kl_loss_type=full",
+            ]
+        )
     assert main(["gmts.ratio=2.0", "--dry-run"]) == 2
 
 
