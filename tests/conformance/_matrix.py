@@ -271,6 +271,13 @@ def trainer(preset: str, algorithm: str) -> Cell:
     fixed log-probs through the trainer's forward seam, a ``TokenScorer`` stand-in
     (micro-batches of 2 rows; the "trl" preset's unit, a micro-batch, is then the whole batch,
     as in the TRL engine here)."""
+    return trainer_cell(objective(algorithm), selection(preset))
+
+
+def trainer_cell(
+    obj: gmts.ObjectiveConfig, cfg: gmts.SelectionConfig, batch: Batch | None = None
+) -> Cell:
+    """:func:`trainer` for any objective, selection and batch (the objective rows use it)."""
     from gmts.core.logprobs import TokenStatistics
     from gmts.scale.distributed import DistInfo
     from gmts.scale.precision import Precision
@@ -278,8 +285,7 @@ def trainer(preset: str, algorithm: str) -> Cell:
     from gmts.train.batch import ScoredBatch
     from gmts.train.update import select_minibatch, update_minibatch
 
-    batch = fixed_batch()
-    obj, cfg = objective(algorithm), selection(preset)
+    batch = fixed_batch() if batch is None else batch
     leaf = batch.logprobs.clone().requires_grad_(True)
     train_batch = ScoredBatch(
         prompt_ids=torch.zeros(B, 1, dtype=torch.long),
@@ -318,7 +324,7 @@ def trainer(preset: str, algorithm: str) -> Cell:
         train_batch,
         selected,
         scorer=scorer,
-        loss=gmts.LossConfig.of(obj, cfg),
+        loss=gmts.LossConfig.of(obj, cfg, horizon=T),
         micro_batch_size=micro,
         grad_clip=None,
         strategy=Replicate(info, Precision(), torch.device("cpu")),

@@ -58,6 +58,28 @@ def cases():
     ]
 
 
+RULES = ("ties-last-batch", "ties-last-group", "quantile", "index")
+
+
+def select_rule(scores, mask, ratio, largest, rule, group_ids, process_group=None):
+    """One of RULES (shared by the ranks and the test's single-process reference)."""
+    if rule.startswith("ties-last"):
+        scope = rule.rsplit("-", 1)[1]
+        return gmts.select_tokens(
+            scores,
+            mask,
+            ratio,
+            largest=largest,
+            scope=scope,
+            group_ids=group_ids,
+            ties="last",
+            process_group=process_group,
+        )
+    return gmts.select_tokens(
+        scores, mask, ratio, largest=largest, count=rule, process_group=process_group
+    )
+
+
 def share(rank: int, b: int, rows0: int) -> slice:
     return slice(0, rows0) if rank == 0 else slice(rows0, b)
 
@@ -118,6 +140,11 @@ def main() -> None:
                     )
                     thr = gmts.selection_threshold(s, sel, largest=largest, process_group=pg)
                     results[(name, scope, largest, ratio)] = (sel, thr)
+        for rule in RULES:  # ties='last' and the threshold rules, global over the ranks
+            for largest in (True, False):
+                for ratio in (0.2, 0.7):
+                    key = (name, rule, largest, ratio)
+                    results[key] = select_rule(s, m, ratio, largest, rule, gid, pg)
         den = gmts.LossConfig().denominators(gmts.TokenSums.count(m).all_reduce(pg)).policy
         results[(name, "denominator")] = den
         # the whole step: GMTS selection + eq. 2 loss with the global denominator

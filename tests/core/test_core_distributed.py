@@ -83,6 +83,13 @@ def test_global_selection_equals_single_process(two_rank_results):
                             got = r[key][1]
                             assert (math.isnan(got) and math.isnan(thr)) or got == thr, key
                     checked += 1
+        for rule in worker.RULES:
+            for largest in (True, False):
+                for ratio in (0.2, 0.7):
+                    key = (name, rule, largest, ratio)
+                    expected = worker.select_rule(scores, mask, ratio, largest, rule, group_ids)
+                    assert torch.equal(torch.cat([r0[key], r1[key]]), expected), key
+                    checked += 1
         # the whole step over ranks == one process on the concatenated batch
         lp, old, ref, adv = worker.step_inputs(seed, b, t)
         lp = lp.clone().requires_grad_(True)
@@ -96,7 +103,7 @@ def test_global_selection_equals_single_process(two_rank_results):
         torch.testing.assert_close(torch.cat([grad0, grad1]), lp.grad, rtol=1e-6, atol=1e-8)
         n_valid = float(mask.sum())
         assert r0[(name, "denominator")] == r1[(name, "denominator")] == max(n_valid, 1.0)
-    assert checked == 5 * 3 * 2 * 3
+    assert checked == 5 * 3 * 2 * 3 + 5 * 4 * 2 * 2
 
 
 def test_bad_input_on_one_rank_raises_on_every_rank(two_rank_results):

@@ -14,11 +14,26 @@ import argparse
 import sys
 
 
+def exit_status_text() -> str:
+    """The exit statuses of ``gmts train`` (the top of its ``--help`` epilog)."""
+    from gmts.train.preemption import MARKER_FILE, PREEMPTED_EXIT_CODE
+
+    code = PREEMPTED_EXIT_CODE
+    return f"""exit status:
+  0   training finished
+  2   bad config, model path, dataset or sandbox (reported before anything loads)
+  {code}  stopped by SIGTERM or checkpoint.preempt_signal at a step boundary: the optimizer
+      step in progress was finished and checkpointed and {MARKER_FILE} written into the run
+      directory; run the same command with --resume to continue exactly (docs/training.md,
+      "Preemption"). Under torchrun every rank exits with {code} and torchrun itself with 1:
+      check for {MARKER_FILE}."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gmts.cli.config_reference import config_help_text
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = config_help_text()
+    parser.epilog = exit_status_text() + "\n\n" + config_help_text()
     parser.add_argument("--config", "-c", default=None, help="YAML config file (optional).")
     parser.add_argument(
         "overrides",
@@ -27,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Override config fields, e.g. selection.ratio=0.1 optim.lr=1e-6.",
     )
     parser.add_argument(
-        "--resume", action="store_true", help="Continue from the run's latest checkpoint."
+        "--resume",
+        action="store_true",
+        help="Continue from the run's latest checkpoint (none yet: start afresh).",
     )
     parser.add_argument("--output-dir", default=None, help="Shortcut for logging.output_dir=DIR.")
     parser.add_argument(
@@ -68,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"gmts train: error: {exc}", file=sys.stderr)
             return 2
     from gmts.scale.distributed import shutdown
+    from gmts.train.preemption import TrainingPreempted
     from gmts.train.trainer import train
 
     try:
@@ -75,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, SandboxUnavailableError) as exc:  # bad model path, dataset fields, ...
         print(f"gmts train: error: {exc}", file=sys.stderr)
         return 2
+    except TrainingPreempted as stopped:  # checkpoint saved, reason printed by rank 0
+        return int(stopped.code)
     finally:
         shutdown()  # under torchrun: leave the process group the trainer joined
     if result.eval_after is not None:

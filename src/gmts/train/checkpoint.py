@@ -8,6 +8,9 @@ Layout of ``<run_dir>/checkpoints/step_000010/``::
 A folder only ever appears under its final name complete (``os.replace`` of a finished
 temporary folder), so a run killed at any moment leaves either the previous checkpoints or the
 new one, never half of one. Leftover ``.tmp-*`` folders are ignored on resume and removed by the next save.
+Folders are deleted (an older checkpoint beyond ``keep``, or the same step written again) by
+renaming them to a ``.tmp-`` name first, so a kill during a deletion cannot leave a
+``step_NNNNNN`` folder that looks complete but has lost files either.
 """
 
 from __future__ import annotations
@@ -109,12 +112,21 @@ def save_checkpoint(
     torch.save(trainer_state, tmp / "trainer_state.pt")
     _fsync_tree(tmp)
     if final.exists():  # a re-run of the same step: replace it
-        shutil.rmtree(final)
+        _discard(final)
     os.replace(tmp, final)
     _fsync_dir(root)
     for _, old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     return final
+
+
+def _discard(folder: Path) -> None:
+    """Delete a checkpoint folder, first renaming it out of the ``step_NNNNNN`` namespace: a
+    kill in the middle of the deletion leaves a ``.tmp-`` folder (ignored, removed by the next
+    save), never a ``step_NNNNNN`` folder whose ``trainer_state.pt`` outlived its weights."""
+    doomed = folder.with_name(f"{folder.name}.tmp-discard-{os.getpid()}")
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _restore_architecture(folder: Path, model: Any) -> None:

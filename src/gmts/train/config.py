@@ -13,6 +13,7 @@ keys), so every mistake is reported before any model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,9 @@ from gmts.core.objectives import ObjectiveConfig
 ALGORITHMS = ("grpo", "dapo")
 DATASET_MAX_NEW_TOKENS = 1024
 """Generation budget of dataset training when rollout.max_response_length is null."""
+PreemptSignal = Literal["SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT"]
+PREEMPT_SIGNALS: tuple[str, ...] = typing.get_args(PreemptSignal)
+"""The signals ``checkpoint.preempt_signal`` may add to SIGTERM (gmts.train.preemption)."""
 
 
 def _f(default: Any = dataclasses.MISSING, help: str = "", **kw: Any) -> Any:  # noqa: A002
@@ -247,10 +251,22 @@ class CheckpointConfig:
     every: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
     keep: int = _f(2, "Keep the last K checkpoints.")
     save_final: bool = _f(True, "Save a checkpoint after the last step.")
+    preempt_signal: PreemptSignal | None = _f(
+        None,
+        "A signal handled like SIGTERM (which always is): training finishes the optimizer step "
+        "in progress, saves a checkpoint, writes preempted.json and exits with status 75; "
+        "--resume continues exactly. E.g. SIGUSR1 for SLURM's --signal=B:USR1@300. null: "
+        "SIGTERM only.",
+    )
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "checkpoint.every", "must be >= 0")
         _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        _check(
+            self.preempt_signal in (None, *PREEMPT_SIGNALS),
+            "checkpoint.preempt_signal",
+            f"expected one of {list(PREEMPT_SIGNALS)} or null, got {self.preempt_signal!r}",
+        )
 
 
 @dataclass

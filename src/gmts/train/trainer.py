@@ -44,6 +44,7 @@ from gmts.models.loading import (
     load_tokenizer,
     pick_device,
     resolve_model_path,
+    step_dir_name,
 )
 from gmts.scale.distributed import DistInfo, barrier, init_distributed
 from gmts.scale.memory_plan import (
@@ -60,6 +61,12 @@ from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, dump_yaml
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
+from gmts.train.preemption import (
+    PreemptionGuard,
+    TrainingPreempted,
+    clear_marker,
+    write_marker,
+)
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.sources import (
     DatasetSource,
@@ -256,9 +263,10 @@ class Trainer:
         if self.info.is_main:
             # Resumed: drop the rows of steps about to be re-run. Fresh: drop an earlier run's
             # rows in the same directory (appending would mix two runs in one file).
+            # The evaluations of the checkpoint's own step come after its save: they run again.
             last = self.step if self.resume_from is not None else -1
             truncate_metrics(self.run_dir, last)
-            truncate_metrics(self.run_dir, last, EVAL_FILE)
+            truncate_metrics(self.run_dir, last - 1, EVAL_FILE)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
     def _model_path(self, progress: bool) -> str:
@@ -552,12 +560,25 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> TrainResult:
+        """Train to ``optim.steps``. SIGTERM (and ``checkpoint.preempt_signal``) stop the run at
+        the next step boundary with a checkpoint: :class:`TrainingPreempted` (exit status 75)
+        is raised, and ``--resume`` continues exactly (gmts/train/preemption.py)."""
+        with PreemptionGuard(self.cfg.checkpoint.preempt_signal, self.info, self.device) as guard:
+            return self._run(guard)
+
+    def _run(self, guard: PreemptionGuard) -> TrainResult:
         cfg = self.cfg
         result = TrainResult(run_dir=self.run_dir, steps=cfg.optim.steps)
+        # the step whose checkpoint exists already: a resumed run does not write it again
+        self._saved_step = self.step if self.resume_from is not None else None
+        if self.info.is_main:
+            clear_marker(self.run_dir)
         if self.step == 0 and cfg.data.eval_before:
             result.eval_before = self.evaluate()
             if result.eval_before is not None:
                 self.logger.log(0, result.eval_before, EVAL_FILE)
+        elif self._evaluation_due():  # resumed: this step's evaluation comes after its save
+            self._evaluate_and_log()
         bar = None
         if cfg.logging.progress and self.info.is_main:
             from tqdm.auto import tqdm
@@ -565,6 +586,7 @@ class Trainer:
             bar = tqdm(
                 total=cfg.optim.steps, initial=self.step, desc=self.run_dir.name, unit="step"
             )
+        self._stop_if_requested(guard, bar)  # a signal during the evaluation before step 1
         every = cfg.checkpoint.every
         t_start = time.perf_counter()
         while self.step < cfg.optim.steps:
@@ -580,22 +602,63 @@ class Trainer:
                     acc=f"{metrics['reward/accuracy']:.2f}",
                     sel=f"{metrics.get('select/fraction', 1.0):.2f}",
                 )
-            d_every = cfg.data.eval_every
-            if d_every and self.step % d_every == 0 and self.step < cfg.optim.steps:
-                ev = self.evaluate()
-                if ev is not None:
-                    self.logger.log(self.step, ev, EVAL_FILE)
             if every and self.step % every == 0 and self.step < cfg.optim.steps:
-                self.save()
+                self._save_once()
+            self._stop_if_requested(guard, bar)  # a signal during the step or its save
+            if self._evaluation_due():
+                self._evaluate_and_log()
+                self._stop_if_requested(guard, bar)  # a signal during the evaluation
         if bar is not None:
             bar.close()
         if cfg.checkpoint.save_final:
-            self.save()
+            self._save_once()
+        self._stop_if_requested(guard, None)  # a signal during the final save
         result.eval_after = self.evaluate()
         if result.eval_after is not None:
             self.logger.log(self.step, result.eval_after, EVAL_FILE)
         self.logger.close()
+        if guard.received is not None and self.info.is_main:
+            print(
+                f"gmts train: {guard.signal_name} arrived after the last step's checkpoint "
+                "(during the final evaluation); the run is complete",
+                file=sys.stderr,
+            )
         return result
+
+    def _evaluation_due(self) -> bool:
+        """Whether ``data.eval_every`` asks for an evaluation after step ``self.step``."""
+        d_every = self.cfg.data.eval_every
+        return bool(d_every) and self.step % d_every == 0 and 0 < self.step < self.cfg.optim.steps
+
+    def _evaluate_and_log(self) -> None:
+        ev = self.evaluate()
+        if ev is not None:
+            self.logger.log(self.step, ev, EVAL_FILE)
+
+    def _save_once(self) -> None:
+        """:meth:`save` unless this step's checkpoint is already written."""
+        if self._saved_step != self.step:
+            self.save()
+            self._saved_step = self.step
+
+    def _stop_if_requested(self, guard: PreemptionGuard, bar: Any) -> None:
+        """At a step boundary: if any rank got a stop signal, save this step (nothing before
+        the first step), close the logs and raise :class:`TrainingPreempted` on every rank."""
+        if not guard.stop_requested():
+            return
+        checkpoint = None
+        if self.step > 0:
+            self._save_once()
+            checkpoint = ckpt.checkpoint_dir(self.run_dir) / step_dir_name(self.step)
+        stopped = TrainingPreempted(guard.signal_name, self.step, checkpoint)
+        if bar is not None:
+            bar.close()
+        self.logger.close()
+        if self.info.is_main:
+            write_marker(self.run_dir, stopped)
+            print(f"gmts train: {stopped}", file=sys.stderr)
+        barrier(self.info)  # no rank exits (torchrun then stops the rest) before rank 0 is done
+        raise stopped
 
 
 def train(
