@@ -582,7 +582,7 @@ def test_when_imported_handles_submodules_of_packages(tmp_path, monkeypatch):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_verl_selection_is_global_over_data_parallel_ranks(layout, tmp_path, free_port):
     """2 gloo ranks with half a mini-batch each == one process with all of it (masks, S and
-    gradients after verl's data-parallel gradient averaging)."""
+    gradients after verl's data-parallel gradient averaging), for vanilla, geo_mean and sapo."""
     worker = Path(__file__).with_name("verl_two_rank_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [
@@ -591,15 +591,18 @@ def test_verl_selection_is_global_over_data_parallel_ranks(layout, tmp_path, fre
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    reference = ranks[0]["reference"]
-    assert ranks[0]["nested"] == (layout == "v1")
-    both = torch.cat([ranks[0]["selected"], ranks[1]["selected"]])
-    assert torch.equal(both, reference["selected"])
-    assert ranks[0]["num_selected"] == ranks[1]["num_selected"] == reference["num_selected"]
-    # FSDP averages gradients over the 2 ranks: (sum of per-rank gradients) / dp_size
-    grads = (ranks[0]["grad"] + ranks[1]["grad"]) / 2
-    torch.testing.assert_close(grads, reference["grad"], rtol=1e-6, atol=1e-9)
-    torch.testing.assert_close(
-        (ranks[0]["loss"] + ranks[1]["loss"]) / 2, reference["loss"], rtol=1e-6, atol=1e-9
-    )
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert set(results[0]) == {"vanilla", "geo_mean", "sapo"}
+    for mode in results[0]:  # the loss modes of verl_two_rank_worker.LOSS_MODES
+        ranks = [results[0][mode], results[1][mode]]
+        reference = ranks[0]["reference"]
+        assert ranks[0]["nested"] == (layout == "v1")
+        both = torch.cat([ranks[0]["selected"], ranks[1]["selected"]])
+        assert torch.equal(both, reference["selected"]), mode
+        assert ranks[0]["num_selected"] == ranks[1]["num_selected"] == reference["num_selected"]
+        # FSDP averages gradients over the 2 ranks: (sum of per-rank gradients) / dp_size
+        grads = (ranks[0]["grad"] + ranks[1]["grad"]) / 2
+        torch.testing.assert_close(grads, reference["grad"], rtol=1e-6, atol=1e-9, msg=mode)
+        torch.testing.assert_close(
+            (ranks[0]["loss"] + ranks[1]["loss"]) / 2, reference["loss"], rtol=1e-6, atol=1e-9
+        )
