@@ -71,6 +71,17 @@ def test_preset_and_bad_values():
     with pytest.raises(ValueError, match="clip_cov removes"):  # a random draw inside the loss
         build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"])
     build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "gmts.score=entropy"])
+    dro = "actor_rollout_ref.actor.policy_loss.loss_mode=dro"
+    with pytest.raises(ValueError, match="dro_beta"):
+        build_command([dro])
+    build_command([dro, "+actor_rollout_ref.actor.policy_loss.dro_beta=0.1"])  # nested, parsed
+    bypass = [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+        "+actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_batch_normalize=true",
+    ]
+    with pytest.raises(ValueError, match="mean 1 over each micro-batch"):
+        build_command(bypass)
+    build_command([*bypass, "gmts.score=entropy"])
     with pytest.raises(ValueError, match="full next-token distributions"):
         build_command(
             [
