@@ -3,6 +3,8 @@
 # prepared script.
 #
 #   bash benchmarks/gpu.sh [OUT_DIR] [PARTS]     (default benchmarks/results/gpu, bench,train)
+#   bash benchmarks/gpu.sh --dry-run [WORK_DIR] [PARTS]  (CPU, tiny shapes; results in
+#                                          WORK_DIR/results/gpu, default WORK_DIR a new /tmp folder)
 #
 # PARTS (comma-separated):
 #   bench  selection and log-prob benchmarks, then the overhead benchmark on a randomly
@@ -14,28 +16,63 @@
 #
 # Uses the machine's own python3 with CUDA PyTorch and transformers; gmts is taken from src/
 # (no install, nothing fetched). Then `python benchmarks/report.py` renders the "6. On a GPU"
-# tables of docs/results.md from benchmarks/results/gpu. The CPU path of the training part:
-#   python benchmarks/gpu_train.py --dry-run --out /tmp/train.json
+# tables of docs/results.md from benchmarks/results/gpu.
+#
+# --dry-run runs every command above with the same arguments on the CPU, except: --device cpu
+# --quick for benchmarks/run.py, --tiny for gpu_model.py (2 layers, width 128), --dry-run for
+# gpu_train.py, and model folders inside WORK_DIR (never the GPU run's). It then renders the
+# results into a copy of docs/results.md. So every entry point, flag and result format the GPU
+# run uses is exercised (tests/benchmarks/test_gpu_scripts.py runs it); what it cannot check is
+# CUDA itself (device selection, timings, torch.cuda peak memory) and the full-size model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DRY=0
+if [[ "${1:-}" == "--dry-run" ]]; then
+    DRY=1
+    shift
+fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-OUT_DIR=${1:-benchmarks/results/gpu}
 PARTS=${2:-bench,train}
-MODEL_DIR=${GMTS_GPU_MODEL_DIR:-/tmp/gmts-qwen2.5-1.5b-random}
-TRAIN_MODEL_DIR=${GMTS_GPU_TRAIN_MODEL_DIR:-/tmp/gmts-qwen2.5-1.5b-random-fullvocab}
 PY=${PYTHON:-python3}
+if ((DRY)); then
+    WORK=${1:-$(mktemp -d /tmp/gmts-gpu-dry.XXXXXX)}
+    OUT_DIR=$WORK/results/gpu
+    MODEL_DIR=$WORK/model-tiny
+    TRAIN_MODEL_DIR=$WORK/train-model-tiny
+    DEVICE=(--device cpu --quick)
+    TINY=(--tiny)
+    TRAIN_DRY=(--dry-run)
+    echo "dry run: every part on the CPU with tiny shapes, results in $OUT_DIR"
+    "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, '(CPU: dry run)')"
+else
+    OUT_DIR=${1:-benchmarks/results/gpu}
+    MODEL_DIR=${GMTS_GPU_MODEL_DIR:-/tmp/gmts-qwen2.5-1.5b-random}
+    TRAIN_MODEL_DIR=${GMTS_GPU_TRAIN_MODEL_DIR:-/tmp/gmts-qwen2.5-1.5b-random-fullvocab}
+    DEVICE=(--device cuda)
+    TINY=()
+    TRAIN_DRY=()
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+    "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+fi
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
 if [[ ",$PARTS," == *",bench,"* ]]; then
-    "$PY" benchmarks/run.py --device cuda --only selection,logprobs --logprobs-repeats 5 \
+    "$PY" benchmarks/run.py "${DEVICE[@]}" --only selection,logprobs --logprobs-repeats 5 \
         --out "$OUT_DIR" --no-report
-    "$PY" benchmarks/gpu_model.py "$MODEL_DIR"
-    GMTS_BENCH_MODEL="$MODEL_DIR" "$PY" benchmarks/run.py --device cuda --only overhead \
+    "$PY" benchmarks/gpu_model.py "$MODEL_DIR" ${TINY[@]+"${TINY[@]}"}
+    GMTS_BENCH_MODEL="$MODEL_DIR" "$PY" benchmarks/run.py "${DEVICE[@]}" --only overhead \
         --out "$OUT_DIR" --no-report
 fi
 if [[ ",$PARTS," == *",train,"* ]]; then
-    "$PY" benchmarks/gpu_train.py --model-dir "$TRAIN_MODEL_DIR" --out "$OUT_DIR/train.json"
+    "$PY" benchmarks/gpu_train.py ${TRAIN_DRY[@]+"${TRAIN_DRY[@]}"} --model-dir "$TRAIN_MODEL_DIR" \
+        --out "$OUT_DIR/train.json"
 fi
-echo "GPU results written to $OUT_DIR"
+if ((DRY)); then  # render the results as report.py would, into a copy of the page
+    cp docs/results.md "$WORK/results.md"
+    "$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
+from report import update_results_doc; update_results_doc(Path(sys.argv[1]), Path(sys.argv[2]))" \
+        "$WORK/results" "$WORK/results.md"
+    echo "dry run done: every part ran on the CPU; not run: CUDA (nothing here measured a GPU)"
+else
+    echo "GPU results written to $OUT_DIR"
+fi

@@ -5,7 +5,10 @@ intermediate 8960, 28 layers, 12 query / 2 key-value heads, vocabulary 151,936, 
 embeddings) with the embedded task's character tokenizer, whose ids are a subset of the
 vocabulary. Only speed and memory are measured with it; it learns nothing in one step.
 
-    python benchmarks/gpu_model.py OUT_DIR [--layers 28]
+    python benchmarks/gpu_model.py OUT_DIR [--layers 28] [--tiny]
+
+``--tiny`` builds the same architecture in :data:`TINY`'s shape (the dry runs of
+benchmarks/gpu.sh and benchmarks/gpu_train.py: seconds on a CPU).
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ from pathlib import Path
 
 QWEN25_15B = "Qwen/Qwen2.5-1.5B"
 """The shape used (gmts.scale.known_models.KNOWN_MODELS holds its config.json fields)."""
+TINY = {
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+}
+"""The dry runs' shape: Qwen2.5-1.5B's architecture, 2 layers of width 128 (1.1M parameters)."""
 
 
 def full_vocabulary_tokenizer(vocab_size: int):
@@ -75,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--layers", type=int, default=None, help="fewer layers (tests)")
+    parser.add_argument("--tiny", action="store_true", help="the dry runs' tiny shape (TINY)")
     args = parser.parse_args(argv)
-    path = build(args.out_dir, args.layers)
+    path = build(args.out_dir, args.layers, **(TINY if args.tiny else {}))
     print(f"model: {path}", file=sys.stderr)
     return 0
 

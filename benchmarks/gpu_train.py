@@ -68,14 +68,6 @@ TINY = (
     "optim.micro_batch_size=4",
     "threads=1",
 )
-TINY_SHAPE = {
-    "num_hidden_layers": 2,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 4096,
-}
 
 
 def hashed_reward(completion: str, answer: str) -> float:
@@ -102,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
+    from gpu_model import TINY as TINY_SHAPE
     from gpu_model import build
 
     from gmts.scale.memory_plan import GIB
@@ -178,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"master weights {dtypes}: {moved / total:.4f} of {total:,} elements moved in {args.steps} steps"
     )
+    if not cuda:
+        print(
+            "dry run: the whole run on the CPU with tiny shapes; the CUDA peak memory against "
+            "the plan (torch.cuda.max_memory_allocated) needs a GPU and was not measured"
+        )
     if plan is not None:
         print(plan.table())
         for phase in ("rollout", "update"):

@@ -1,234 +1,470 @@
-"""Check the memory plan (gmts.scale.memory_plan) against measured peaks on the CPU.
+"""Check the trainer's memory plan (gmts.scale.memory_plan) against measured peaks on the CPU.
 
-    python benchmarks/memory_check.py [--out benchmarks/results/memory_check.json] [--quick]
+    python benchmarks/memory_check.py [--quick] [--rows NAME,...] [--out FILE] [KEY=VALUE ...]
 
-A small Qwen2-architecture model (random weights; hidden 512, 8 layers, vocabulary 32,000) is
-trained with the trainer's own pieces. Each (precision, strategy, phase) runs in a fresh process:
-the weights and the AdamW state are set up first, the peak resident set (``VmHWM``) is reset,
-the phase runs (rollout: sampling with the KV cache; scoring: no-grad log-probs; update: one
-micro-batched forward + backward + step), and the growth of the peak over the baseline is
-compared with the plan's bytes for that phase minus what was resident at the baseline
-(weights + AdamW state). glibc is told to serve every block above 64 KiB with mmap
-(``MALLOC_MMAP_THRESHOLD_``) so that freed tensors leave the resident set and it tracks live
-bytes. Batches are unpadded: on the CPU a padded batch takes SDPA's math path, which keeps a
-length x length attention matrix that the plan (made for CUDA's fused kernels) does not count.
+A row is a list of trainer settings (``section.field=value``, what ``gmts train`` takes; see
+:data:`ROWS`). Positional ``KEY=VALUE`` items are added to every row and win over it, so a
+setting is checked without touching this file (``--rows bf16-gc model.logits_chunk_size=256``);
+a row kept for the docs is one more line in :data:`ROWS`. Every setting is validated by the
+trainer's config schema before anything is built.
+
+For each row and phase a fresh process builds the real ``gmts.train.trainer.Trainer`` from
+those settings: it checks the context, makes its memory plan from ``config.json`` before
+loading the weights (``Trainer.memory_plan``, the plan it prints and enforces on CUDA), loads
+the model (float32 master weights), lays it out with the strategy and precision, and builds its
+AdamW optimizer and scorer. The AdamW state is then allocated (one zero-gradient step), the peak
+resident set (``VmHWM``) is reset to the current one, and one phase runs with the trainer's own
+methods:
+
+- ``rollout``: ``Trainer.collect`` (KV-cached sampling of every answer to the budget, rewards,
+  advantages); the batch is saved for the other two phases;
+- ``scoring``: ``Trainer.scorer.no_grad`` over that batch (the old log-probs pass);
+- ``update``: ``Trainer.train_step`` with that rollout given (old log-probs, one selection per
+  mini-batch, micro-batched forward + backward, optimizer steps): the rest of a real step.
+
+The growth of ``VmHWM`` over the baseline is compared with the plan's bytes for the phase minus
+what the plan counts as resident at the baseline (weights, AdamW state, a reference model); the
+update is compared with the largest of the plan's scoring, update and step phases, since the
+rest of a step passes through all three. ``resident`` compares the resident set's growth from
+before the ``Trainer`` was built to the baseline with those resident parts.
+
+The model is a randomly initialised Qwen2 (benchmarks/gpu_model.py) with one character per
+vocabulary id; the prompts are digit strings of one length, and the reward is a hash of the
+completion (benchmarks/gpu_train.py), so advantages are real and no group is dropped. A random
+model almost never samples the end token, so every answer runs to the budget and no row is
+padded: on the CPU a padded batch takes SDPA's math path, a length x length attention matrix
+the plan (made for CUDA's fused kernels) does not count. A rollout in which an answer ended
+early is reported as an error (change ``seed=``). glibc is told to serve every block above
+64 KiB with mmap (``MALLOC_MMAP_THRESHOLD_``), so freed tensors leave the resident set and it
+tracks live bytes. ``--quick`` uses tiny shapes (seconds; its ratios mean little, the bytes are
+small); the full run refreshes the table in docs/training.md unless ``--no-report``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-import re
+import random
+import shlex
 import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-MODES = (  # (model.dtype, distributed.strategy, gradient checkpointing)
-    ("float32", "replicate", False),
-    ("float32", "replicate", True),
-    ("bfloat16", "replicate", True),
-    ("bfloat16", "fsdp", True),
+DOC = BENCH_DIR.parent / "docs" / "training.md"
+BLOCK = ("<!-- memory-check:begin -->", "<!-- memory-check:end -->")
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration measured: trainer settings over :data:`BASE` and the size's."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+
+ROWS: tuple[Row, ...] = (  # a LoRA row: Row("bf16-gc-lora16", (..., "model.lora.rank=16"))
+    Row("fp32", ("model.dtype=float32", "model.gradient_checkpointing=false")),
+    Row("fp32-gc", ("model.dtype=float32", "model.gradient_checkpointing=true")),
+    Row("bf16-gc", ("model.dtype=bfloat16", "model.gradient_checkpointing=true")),
+    Row(
+        "bf16-fsdp-gc",
+        (
+            "model.dtype=bfloat16",
+            "model.gradient_checkpointing=true",
+            "distributed.strategy=fsdp",
+        ),
+    ),
 )
 PHASES = ("rollout", "scoring", "update")
-SHAPE = {
-    "hidden_size": 512,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "vocab_size": 32000,
-}
-QUICK_SHAPE = {**SHAPE, "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4}
+TRANSIENT_STEP_PARTS = ("gradients", "working set")
+"""What the plan's step phase holds besides the resident parts (weights, AdamW state, frozen
+weights, a reference model: allocated before a phase starts, the baseline)."""
+UPDATE_PLAN_PHASES = ("scoring", "update", "step")
+"""What the rest of a step (``Trainer.train_step`` after the rollout) passes through."""
+
+BASE = (  # every row: DAPO + GMTS top 20%, one rollout round, nothing evaluated or saved
+    "algorithm=dapo",
+    "selection.score=gmts",
+    "selection.ratio=0.2",
+    "rollout.max_sampling_rounds=1",
+    "data.template=null",
+    "data.shuffle=false",
+    "data.eval_questions=0",
+    "data.eval_before=false",
+    "model.device=cpu",
+    "threads=1",
+    "checkpoint.save_final=false",
+    "logging.progress=false",
+)
 
 
-def _status_kib(field: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{field}:\s+(\d+)", text).group(1))
+@dataclass(frozen=True)
+class Size:
+    """The model's shape (Qwen2 ``config.json`` fields), the prompt length in tokens, and the
+    batch settings (trainer overrides)."""
+
+    model: dict[str, int]
+    prompt_tokens: int
+    overrides: tuple[str, ...]
 
 
-def child(
-    phase: str, dtype: str, strategy: str, checkpointing: bool, model_dir: str, sizes: dict
-) -> dict:
-    """Run one phase in this process; returns planned and measured growth in bytes."""
+FULL = Size(  # 40M parameters; 16 rows of 128 + 384 tokens; 2 mini-batches of 2 x 4 rows
+    model={
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    },
+    prompt_tokens=128,
+    overrides=(
+        "rollout.questions_per_batch=8",
+        "rollout.group_size=2",
+        "rollout.max_response_length=384",
+        "optim.micro_batch_size=4",
+        "optim.mini_batch_questions=4",
+    ),
+)
+QUICK = Size(  # 8.6M parameters; 8 rows of 32 + 64 tokens; 2 mini-batches of 2 x 2 rows
+    model={
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    },
+    prompt_tokens=32,
+    overrides=(
+        "rollout.questions_per_batch=4",
+        "rollout.group_size=2",
+        "rollout.max_response_length=64",
+        "optim.micro_batch_size=2",
+        "optim.mini_batch_questions=2",
+    ),
+)
+
+
+# --------------------------------------------------------------------------- one phase (child)
+
+
+def _status_bytes(field: str) -> int:
+    from bench_common import proc_status_kib
+
+    value = proc_status_kib(field)
+    if value is None:
+        raise RuntimeError(f"/proc/self/status has no {field}: memory_check needs Linux")
+    return value * 1024
+
+
+def measure_phase(phase: str, overrides: list[str], batch_file: Path) -> dict[str, Any]:
+    """Build the trainer of ``overrides``, then run and measure ``phase`` in this process.
+
+    Returns planned and measured bytes (growth over the baseline) and what they are made of.
+    """
     import gc
 
     import torch
-    from transformers import AutoConfig
+    import transformers  # noqa: F401  (imported before the resident set is read)
+    from bench_common import reset_peak_rss
+    from gpu_train import hashed_reward
 
-    from gmts.core.config import SelectionConfig
-    from gmts.core.loss import LossConfig
-    from gmts.core.objectives import ObjectiveConfig
-    from gmts.models.loading import load_model, load_tokenizer
-    from gmts.sampling.rollout import generate_rollouts
-    from gmts.scale.distributed import DistInfo
-    from gmts.scale.memory_plan import PlanSettings, plan_memory
-    from gmts.scale.precision import Precision
-    from gmts.scale.strategy import make_strategy
-    from gmts.train.batch import TrainBatch
     from gmts.train.config import load_config
-    from gmts.train.scoring import TokenScorer
-    from gmts.train.update import select_minibatch, update_minibatch
+    from gmts.train.scoring import needs_logit_grad_norm
+    from gmts.train.trainer import Trainer
 
-    torch.set_num_threads(1)
-    P, T, mb, rows = sizes["prompt"], sizes["response"], sizes["micro"], sizes["rows"]
-    cfg = load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            f"model.dtype={dtype}",
-            f"model.gradient_checkpointing={str(checkpointing).lower()}",
-            f"distributed.strategy={strategy}",
-            f"optim.micro_batch_size={mb}",
-        ],
-    )
-    info, device = DistInfo(), torch.device("cpu")
-    precision = Precision.from_name(dtype)
-    strat = make_strategy(strategy, info, precision, device)
-    model = strat.prepare_policy(load_model(model_dir, cfg, torch.float32))
-    tokenizer = load_tokenizer(model_dir, cfg)
-    optimizer = torch.optim.AdamW(list(model.parameters()), lr=1e-6)
-    for p in optimizer.param_groups[0]["params"]:  # allocate the AdamW state now
-        p.grad = torch.zeros_like(p)
+    cfg = load_config(None, overrides)
+    # a first trainer, dropped: what building one imports and initialises once (modules,
+    # kernels, the plan's probe) is then resident before ``before`` is read
+    Trainer(cfg, reward_fn=hashed_reward)
+    gc.collect()
+    before = _status_bytes("VmRSS")
+    trainer = Trainer(cfg, reward_fn=hashed_reward)
+    plan = trainer.memory_plan
+    if plan is None:
+        raise RuntimeError("the trainer made no memory plan (see its message above)")
+    optimizer = trainer.optimizer
+    for group in optimizer.param_groups:  # allocate the AdamW state now: part of the baseline
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    settings = PlanSettings(
-        world_size=1,
-        strategy=strategy,
-        dtype=dtype,
-        micro_batch_size=mb,
-        prompt_length=P,
-        response_length=T,
-        generation_rows=rows,
-        gradient_checkpointing=checkpointing,
-    )
-    plan = plan_memory(AutoConfig.from_pretrained(model_dir), settings)
-
-    g = torch.Generator().manual_seed(0)
-    vocab = len(tokenizer)
-    batch = TrainBatch(  # unpadded rows of random tokens, every token a response token
-        prompt_ids=torch.randint(3, vocab, (2 * mb, P), generator=g),
-        prompt_mask=torch.ones(2 * mb, P, dtype=torch.bool),
-        response_ids=torch.randint(3, vocab, (2 * mb, T), generator=g),
-        response_mask=torch.ones(2 * mb, T, dtype=torch.bool),
-        rewards=torch.zeros(2 * mb),
-        advantages=torch.randn(2 * mb, generator=g),
-        group_ids=torch.arange(2 * mb) // 2,
-    )
-    scorer = TokenScorer(autocast=strat.autocast)
-    if phase == "update":
-        batch = batch.scored(scorer.no_grad(model, batch, micro_batch_size=mb), None)
+    collected = None if phase == "rollout" else torch.load(batch_file, weights_only=False)
     gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
-    baseline = _status_kib("VmRSS") * 1024
+    baseline = _status_bytes("VmRSS")
+    if not reset_peak_rss():
+        raise RuntimeError("cannot reset VmHWM (/proc/self/clear_refs): memory_check needs Linux")
+    start = time.perf_counter()
     if phase == "rollout":
-        prompts = ["1" * P] * (rows // 2)
-        with strat.sampling(model):
-            generate_rollouts(
-                model,
-                tokenizer,
-                prompts,
-                num_samples=2,
-                max_new_tokens=T,
-                batch_size=rows,
-                seed=0,
-                stop_token_ids=[vocab + 7],  # never sampled: every row runs T steps
-            )
+        collected = trainer.collect(0)
     elif phase == "scoring":
-        scorer.no_grad(model, batch.rows(slice(0, mb)), micro_batch_size=mb)
-    else:  # the rollout policy's scores, one selection, one update of two micro-batches
-        objective, selection = ObjectiveConfig.preset("dapo"), SelectionConfig(score="gmts")
-        selected = select_minibatch(
-            batch, batch.old, selection, objective, micro_batch_size=mb, info=info, step=0
+        trainer.scorer.no_grad(
+            trainer.model,
+            collected.batch,
+            micro_batch_size=cfg.optim.micro_batch_size,
+            logit_grad_norm=needs_logit_grad_norm(cfg.selection),
         )
-        update_minibatch(
-            model,
-            optimizer,
-            batch,
-            selected,
-            scorer=scorer,
-            loss=LossConfig.of(objective, selection),
-            micro_batch_size=mb,
-            grad_clip=1.0,
-            strategy=strat,
-        )
-    measured = _status_kib("VmHWM") * 1024 - baseline
-    resident = plan.phases[phase]["weights"] + plan.phases[phase]["optimizer"]
+    elif phase == "update":
+        trainer.collect = lambda step: collected  # type: ignore[method-assign]
+        trainer.train_step(0)
+    else:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    seconds = time.perf_counter() - start
+    measured = _status_bytes("VmHWM") - baseline
+    if phase == "rollout":
+        stats = collected.stats
+        if stats.truncated != stats.answers:
+            raise RuntimeError(
+                f"{int(stats.answers - stats.truncated)} of {int(stats.answers)} answers sampled "
+                "the end token before rollout.max_response_length: the batch would be padded "
+                "(SDPA's math path on the CPU); choose another seed=N"
+            )
+        torch.save(collected, batch_file)
+
+    step = plan.phases["step"]  # resident parts + the step's own (gradients, temporaries)
+    resident = {k: v for k, v in step.items() if k not in TRANSIENT_STEP_PARTS}
+    planned_phase = phase
+    if phase == "update":
+        planned_phase = max(UPDATE_PLAN_PHASES, key=plan.total)
+    parts = {k: v for k, v in plan.phases[planned_phase].items() if k not in resident}
     return {
         "phase": phase,
-        "dtype": dtype,
-        "strategy": strategy,
-        "gradient_checkpointing": checkpointing,
-        "planned_bytes": plan.total(phase) - resident,
+        "planned_phase": planned_phase,
+        "planned_bytes": plan.total(planned_phase) - sum(resident.values()),
         "measured_bytes": measured,
-        "planned_parts": {
-            k: v for k, v in plan.phases[phase].items() if k not in ("weights", "optimizer")
-        },
+        "planned_parts": parts,
+        "resident_planned_bytes": sum(resident.values()),
+        "resident_measured_bytes": baseline - before,
+        "resident_parts": resident,
+        "plan_settings": dataclasses.asdict(plan.settings),  # nested configs as mappings
+        "parameters": plan.shape.params,
+        "seconds": round(seconds, 2),
     }
+
+
+# --------------------------------------------------------------------------- the run (parent)
+
+
+def select_rows(text: str | None) -> list[Row]:
+    """``--rows`` (comma-separated names; None: all) -> rows of :data:`ROWS`, in its order."""
+    if text is None:
+        return list(ROWS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = {row.name for row in ROWS}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"--rows: unknown row(s) {unknown}; valid: {', '.join(sorted(known))}")
+    return [row for row in ROWS if row.name in names]
+
+
+def row_settings(row: Row, size: Size, extra: list[str]) -> list[str]:
+    """The row's trainer settings without the run's paths: base, size, row, then ``extra``."""
+    return [
+        *BASE,
+        *size.overrides,
+        f"rollout.max_prompt_length={size.prompt_tokens}",
+        *row.overrides,
+        *extra,
+    ]
+
+
+def run_paths(work: Path, model_dir: Path, row: Row) -> list[str]:
+    """The settings that point a row's trainer at this run's model, data and folder."""
+    return [
+        f"model.path={model_dir}",
+        f"data.dataset={work / 'prompts.jsonl'}",
+        f"logging.output_dir={work / row.name / 'run'}",
+    ]
+
+
+def write_prompts(path: Path, prompt_tokens: int, count: int = 64) -> None:
+    """``count`` questions of ``prompt_tokens`` digits (one token each with the character
+    tokenizer), so that no prompt is padded."""
+    rng = random.Random(0)
+    with path.open("w") as handle:
+        for _ in range(count):
+            problem = "".join(rng.choice("0123456789") for _ in range(prompt_tokens))
+            handle.write(json.dumps({"problem": problem, "answer": "0"}) + "\n")
+
+
+def check_settings(rows: list[Row], size: Size, extra: list[str], work: Path, model: Path) -> None:
+    """Every row's settings through the trainer's schema (ValueError naming the bad key)."""
+    from gmts.train.config import load_config
+
+    for row in rows:
+        load_config(None, [*row_settings(row, size, extra), *run_paths(work, model, row)])
+
+
+def run_child(phase: str, settings: list[str], batch_file: Path) -> dict[str, Any]:
+    """One phase in a fresh process; its JSON result (RuntimeError with its stderr if it fails)."""
+    env = {
+        **os.environ,
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    cmd = [sys.executable, __file__, "--child", phase, "--batch", str(batch_file), *settings]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {phase} process failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "memory_check.json")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
-    parser.add_argument("--model-dir", type=Path, default=None)
-    parser.add_argument("--child", nargs=5, metavar=("PHASE", "DTYPE", "STRATEGY", "GC", "SIZES"))
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE trainer settings for every row")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (checks the script)")
+    parser.add_argument(
+        "--rows", help=f"comma-separated subset of: {','.join(r.name for r in ROWS)}"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="result JSON (default benchmarks/results/memory_check.json)"
+    )
+    parser.add_argument("--no-report", action="store_true", help="do not refresh docs/training.md")
+    parser.add_argument("--model-dir", type=Path, help="reuse (or keep) the random model here")
+    parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        phase, dtype, strategy, gc_flag, sizes = args.child
-        print(
-            json.dumps(
-                child(
-                    phase, dtype, strategy, gc_flag == "1", str(args.model_dir), json.loads(sizes)
-                )
-            )
-        )
+        print(json.dumps(measure_phase(args.child, args.overrides, args.batch), default=str))
         return 0
 
-    import tempfile
-
+    size = QUICK if args.quick else FULL
+    work = Path(tempfile.mkdtemp(prefix="gmts-memory-check-"))
+    model_dir = args.model_dir or work / "model"
+    try:
+        rows = select_rows(args.rows)
+        check_settings(rows, size, args.overrides, work, model_dir)
+    except ValueError as error:
+        print(f"memory_check: {error}", file=sys.stderr)
+        return 2
+    out = args.out or (
+        work / "memory_check.json" if args.quick else BENCH_DIR / "results" / "memory_check.json"
+    )
+    from bench_common import git_commit, machine_description, utc_now
     from gpu_model import build
 
-    shape = QUICK_SHAPE if args.quick else SHAPE
-    sizes = (
-        {"prompt": 32, "response": 32, "micro": 2, "rows": 4}
-        if args.quick
-        else {"prompt": 128, "response": 384, "micro": 4, "rows": 16}
-    )
-    model_dir = args.model_dir or Path(tempfile.mkdtemp()) / "model"
-    build(model_dir, **shape)
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
-    rows = []
-    for dtype, strategy, checkpointing in MODES:
+    started = time.perf_counter()
+    commit = git_commit()
+    machine = machine_description()
+    build(model_dir, full_vocabulary=True, **size.model)
+    write_prompts(work / "prompts.jsonl", size.prompt_tokens)
+    results = []
+    for row in rows:
+        (work / row.name).mkdir()
+        batch_file = work / row.name / "rollout.pt"
+        settings = [*row_settings(row, size, args.overrides), *run_paths(work, model_dir, row)]
+        phases = {}
         for phase in PHASES:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--model-dir",
-                str(model_dir),
-                "--child",
-                phase,
-                dtype,
-                strategy,
-                "1" if checkpointing else "0",
-                json.dumps(sizes),
-            ]
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-            row = json.loads(out.strip().splitlines()[-1])
-            rows.append(row)
-            ratio = row["measured_bytes"] / row["planned_bytes"]
+            phases[phase] = result = run_child(phase, settings, batch_file)
             print(
-                f"{dtype:>8} {strategy:>9} gc={int(checkpointing)} {phase:>8}: planned "
-                f"{row['planned_bytes'] / 2**20:8.1f} MiB, measured {row['measured_bytes'] / 2**20:8.1f} "
-                f"MiB, measured/planned {ratio:.2f}",
+                f"{row.name:>14} {phase:>8}: measured {result['measured_bytes'] / MIB:8.1f} MiB, "
+                f"planned {result['planned_bytes'] / MIB:8.1f} MiB ({result['planned_phase']}), "
+                f"ratio {result['measured_bytes'] / result['planned_bytes']:.2f}; resident "
+                f"{result['resident_measured_bytes'] / MIB:.1f} / "
+                f"{result['resident_planned_bytes'] / MIB:.1f} MiB; {result['seconds']:.1f} s",
                 flush=True,
             )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"shape": shape, "sizes": sizes, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {args.out}")
+        results.append(
+            {"name": row.name, "overrides": [*row.overrides, *args.overrides], "phases": phases}
+        )
+    command = "python benchmarks/memory_check.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
+    record = {
+        "command": command.strip(),
+        "date": utc_now(),
+        "commit": commit,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "quick": args.quick,
+        "model": size.model,
+        "prompt_tokens": size.prompt_tokens,
+        "settings": [*BASE, *size.overrides],
+        "machine": machine,
+        "rows": results,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(render(record))
+    print(f"wrote {out} ({record['wall_s']:.0f} s)")
+    if not (args.quick or args.no_report):
+        update_doc(record)
     return 0
+
+
+# --------------------------------------------------------------------------- the docs table
+
+
+def _ratio_text(result: dict[str, Any], key: str = "") -> str:
+    measured, planned = result[f"{key}measured_bytes"], result[f"{key}planned_bytes"]
+    return f"{measured / MIB:.1f} / {planned / MIB:.1f} ({measured / planned:.2f})"
+
+
+def ratios(record: dict[str, Any]) -> list[float]:
+    """measured / planned of every row and phase (resident not included)."""
+    return [
+        p["measured_bytes"] / p["planned_bytes"]
+        for r in record["rows"]
+        for p in r["phases"].values()
+    ]
+
+
+def render(record: dict[str, Any]) -> str:
+    """The markdown table of a result record (what docs/training.md shows)."""
+    lines = [
+        "| row: settings | resident (weights, AdamW state) | rollout | scoring | update (rest of the step) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        phases = row["phases"]
+        settings = " ".join(f"`{o}`" for o in row["overrides"])
+        cells = [_ratio_text(phases["rollout"], "resident_")]
+        cells += [_ratio_text(phases[p]) for p in PHASES]
+        lines.append(f"| {row['name']}: {settings} | " + " | ".join(cells) + " |")
+    values = ratios(record)
+    resident = [
+        p["resident_measured_bytes"] / p["resident_planned_bytes"]
+        for r in record["rows"]
+        for p in r["phases"].values()
+    ]
+    plan_phases = sorted({r["phases"]["update"]["planned_phase"] for r in record["rows"]})
+    m = record["machine"]
+    lines += [
+        "",
+        f"Measured / planned MiB (ratio). In every row and phase the measured growth is "
+        f"{min(values):.2f}-{max(values):.2f} times the plan's, the resident set "
+        f"{min(resident):.2f}-{max(resident):.2f} times its resident parts; the rest of the "
+        f"step is compared with the plan's {', '.join(plan_phases)} phase (the largest of "
+        "scoring, update and step).",
+        "",
+        f"_Run finished {record['date']}, code at commit `{record['commit']}`, `{record['command']}`: "
+        f"{record['wall_s']:.0f} s wall on {m['nproc']} cores ({m['model_name']}), torch "
+        f"{m['torch']}; load before: `{m['uptime'].split('load average:')[-1].strip()}`._",
+    ]
+    return "\n".join(lines)
+
+
+def update_doc(record: dict[str, Any], doc: Path = DOC) -> None:
+    """Replace the table between :data:`BLOCK`'s markers in ``doc`` with :func:`render`."""
+    text = doc.read_text()
+    begin, end = BLOCK
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc} has no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{begin}\n{render(record)}\n{end}{tail}")
+    print(f"refreshed the memory-check table in {doc}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """Smoke test of the benchmark harness (benchmarks/run.py): runs, writes JSON, renders markdown.
 
-No timing is asserted (machines are noisy); only that the harness works end to end on tiny
-shapes and that the measured variants compute the same numbers.
+Every benchmark behind docs/results.md and README's Measured table runs its ``--quick`` path
+here (the real code, tiny shapes; a randomly initialised tiny model instead of the cached warm
+start, through ``GMTS_BENCH_MODEL``), and the generated tables of docs/results.md must be what
+benchmarks/report.py renders from the committed JSON. No timing is asserted (machines are
+noisy); only that the harness works end to end and that the measured variants compute the
+same numbers.
 """
 
 from __future__ import annotations
@@ -24,12 +28,66 @@ def _load(name: str, filename: str):
     """Load benchmarks/<filename> under a unique module name (run.py / report.py are generic)."""
     spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
 
 
 bench_run = _load("gmts_bench_run", "run.py")
 report = _load("gmts_bench_report", "report.py")
+DOCS = BENCH_DIR.parent / "docs"
+
+
+@pytest.fixture(scope="module")
+def tiny_bench_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised tiny model of the warm start's architecture (the embedded GPT-2
+    and character tokenizer), saved where ``GMTS_BENCH_MODEL`` can point."""
+    from gmts.embedded.tiny_model import build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
+
+    folder = tmp_path_factory.mktemp("bench-model")
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+QUICK_CASES = [  # the learning sweep's quick path trains 2 runs in subprocesses: 15-50 s
+    pytest.param(name, marks=pytest.mark.slow) if name == "learning" else name
+    for name in bench_run.BENCHMARKS
+]
+
+
+@pytest.mark.parametrize("name", QUICK_CASES)
+def test_quick_run_of_every_benchmark(
+    name: str, tiny_bench_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each benchmark's --quick path as `python benchmarks/run.py --quick --only NAME` runs it;
+    # a benchmark that raises is recorded with status "error" and run.py returns 1
+    monkeypatch.setenv("GMTS_BENCH_MODEL", str(tiny_bench_model))
+    assert bench_run.main(["--only", name, "--quick", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / f"{name}.json").read_text())
+    assert record["status"] == "ok", record.get("error")
+    assert record["quick"] is True and record["rows"]
+    assert report.render(record).strip()  # the page's renderer reads what it wrote
+
+
+def test_results_page_is_rendered_from_the_committed_results(tmp_path: Path) -> None:
+    # docs/results.md's generated blocks are what report.py makes of benchmarks/results/*.json
+    page = tmp_path / "results.md"
+    page.write_text((DOCS / "results.md").read_text())
+    updated = report.update_results_doc(BENCH_DIR / "results", page)
+    assert {"selection", "logprobs", "overhead", "throughput", "learning"} <= set(updated)
+    assert page.read_text() == (DOCS / "results.md").read_text(), (
+        "docs/results.md differs from `python benchmarks/report.py` on benchmarks/results"
+    )
+
+
+def test_gold_rates_table(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # benchmarks/gold_rates.py, behind docs/rewards.md's table, on its smallest benchmark
+    gold_rates = _load("gmts_gold_rates", "gold_rates.py")
+    assert gold_rates.main(["--benchmarks", "aime24", "--data-dir", str(shared_data)]) == 0
+    assert "| aime24 | 30 | 30 (100.0%) | 30 (100.0%) | 30 | 0 |" in capsys.readouterr().out
 
 
 def test_parse_only_validates_names() -> None:

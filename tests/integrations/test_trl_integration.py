@@ -168,19 +168,55 @@ def test_paper_normalisation_divides_by_selected_count(model_dir):
 @pytest.mark.parametrize(
     "overrides,needle",
     [
-        (dict(loss_type="cispo"), "loss_type"),
         (dict(top_entropy_quantile=0.2), "top_entropy_quantile"),
-        (dict(importance_sampling_level="sequence", loss_type="grpo"), "importance_sampling_level"),
-        (dict(delta=2.0), "delta"),
-        (dict(entropy_coef=0.01), "entropy bonus"),
+        (
+            dict(
+                loss_type="vespo",
+                use_vllm=True,
+                vllm_importance_sampling_mode="token_truncate",
+                vllm_importance_sampling_clip_min=1.5,
+            ),
+            "excludes 1",
+        ),
         (dict(gmts_scope="group"), "gmts_scope"),
+        (dict(gmts_normalize="per-group"), "per-group"),
         (dict(gradient_accumulation_steps=2, steps_per_generation=3), "steps_per_generation"),
     ],
 )
-def test_unsupported_trl_options_raise_at_construction(overrides, needle):
+def test_inexpressible_trl_options_raise_at_construction(overrides, needle):
     args = GMTSGRPOConfig(**_common(**overrides))
     with pytest.raises(ValueError, match=needle):
         check_trl_args(args)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(loss_type=loss_type)
+        for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "sapo", "vespo")
+    ]
+    + [
+        dict(loss_type="cispo", epsilon_high=5.0),
+        dict(loss_type="cispo"),  # TRL's default epsilon_high = epsilon = 0.2: a cap below 1
+        dict(loss_type="vespo", importance_sampling_level="sequence", beta=0.04),
+        dict(loss_type="grpo", importance_sampling_level="sequence"),
+        dict(delta=1.5),
+        dict(delta=1.0),
+        dict(off_policy_mask_threshold=0.5),
+        dict(entropy_coef=0.01),
+        dict(use_adaptive_entropy=True),
+        dict(beta=0.04, use_bias_correction_kl=True),
+        *[
+            dict(use_vllm=True, vllm_importance_sampling_mode=mode)
+            for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+        ],
+    ],
+)
+def test_trl_options_are_accepted(overrides):
+    """Every TRL 1.16 loss option that has an exact core objective (TRL's defaults with
+    use_vllm among them: vllm_importance_sampling_correction=True, mode sequence_mask)."""
+    args = GMTSGRPOConfig(**_common(**overrides))
+    assert check_trl_args(args) is None  # raises ValueError listing problems otherwise
 
 
 def test_liger_layer_kernels_are_allowed():
@@ -191,8 +227,8 @@ def test_liger_layer_kernels_are_allowed():
     args = GMTSGRPOConfig(**_common(use_liger_kernel=True))
     assert args.use_liger_kernel is True
     assert check_trl_args(args) is None  # raises ValueError listing problems otherwise
-    with pytest.raises(ValueError, match="delta"):  # the same check does refuse other options
-        check_trl_args(GMTSGRPOConfig(**_common(use_liger_kernel=True, delta=2.0)))
+    with pytest.raises(ValueError, match="gmts_scope"):  # the same check refuses others
+        check_trl_args(GMTSGRPOConfig(**_common(use_liger_kernel=True, gmts_scope="group")))
 
 
 def test_bad_gmts_fields_and_plain_config_are_rejected():
@@ -274,6 +310,22 @@ def test_trl_two_processes_select_globally(model_dir, tmp_path, free_port):
     for b in bnpo:
         assert b["loss_diff"] <= 1e-6 * max(abs(b["trl_loss"]), 1.0)
         assert b["grad_diff"] <= 1e-5 * b["grad_scale"]
+    # TRL's own get_high_entropy_mask over both processes == the "trl" preset, at every rho,
+    # distinct and tied entropies; TRL's loss == ours on each rank (float64 inputs)
+    sweeps = [r["quantile_sweep"] for r in ranks]
+    assert len(sweeps[0]) == len(sweeps[1]) == 2 * 2 * 6
+    assert sweeps[0][0]["local_valid_tokens"] != sweeps[1][0]["local_valid_tokens"]
+    for rank_records in sweeps:
+        for rec in rank_records:
+            assert rec["mask_equal"], rec
+            assert rec["loss_diff"] <= 1e-12 and rec["grad_diff"] <= 1e-12, rec
+            assert rec["grad_scale"] > 0
+    for a, b in zip(*sweeps, strict=True):  # one threshold over both ranks' N tokens
+        n = a["local_valid_tokens"] + b["local_valid_tokens"]
+        position = (1 - a["rho"]) * (n - 1)  # torch.quantile's interpolation position
+        if not a["ties"] and abs(position - round(position)) > 1e-4:
+            kept = a["local_selected_tokens"] + b["local_selected_tokens"]
+            assert kept == n - math.ceil(position), a  # distinct scores at or above it
 
 
 TRL_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "trl").glob("*.yaml"))

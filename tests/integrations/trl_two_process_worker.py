@@ -7,6 +7,11 @@
    gradients of TRL's own GRPOTrainer (loss_type bnpo, top_entropy_quantile) with
    GMTSGRPOTrainer under the "trl" preset with score entropy: bnpo divides by the LOCAL token
    count in TRL 1.16, and the entropy threshold is taken over both processes' micro-batches.
+3. At rho in {0.1, 0.2, 0.3, 0.5, 0.7, 0.9}, with distinct and with tied entropies, on each
+   rank's micro-batch built by TRL's own ``_generate_and_score_completions`` (trl_batches.py,
+   per-rank completions): TRL's own ``get_high_entropy_mask`` (gathered over both processes)
+   against the "trl" preset's selection, and TRL's ``_compute_loss`` against ours (loss and
+   gradients with respect to the fixed log-probs and entropies), for grpo and dapo.
 
 Writes ``<out_dir>/rank<r>.json``.
 """
@@ -18,12 +23,15 @@ import sys
 from pathlib import Path
 
 import torch
+import trl_batches as tb  # the worker's folder is on sys.path (script directory)
 from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from gmts.core.config import SelectionConfig
 from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer, gmts_args
+
+RHOS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
 
 class RecordingTrainer(GMTSGRPOTrainer):
@@ -122,6 +130,56 @@ def compare_bnpo_with_trl(model_dir: str, out_dir: str) -> dict[str, float]:
     }
 
 
+def compare_quantile_sweep(model_dir: str) -> list[dict]:
+    """Per (loss_type, ties, rho): TRL's own mask and loss against the "trl" preset's."""
+    rank = int(torch.distributed.get_rank())
+    trainer = tb.build_trainer(
+        GMTSGRPOTrainer, GMTSGRPOConfig(**tb.trl_kwargs()), model_dir, seed=100 + rank
+    )
+    inputs = tb.double(tb.generation_batch(trainer, questions=tb.PROMPTS[2 * rank : 2 * rank + 2]))
+    logprobs, distinct = tb.current_policy(inputs, seed=200 + rank)
+    g = torch.Generator().manual_seed(300 + rank)
+    levels = torch.tensor([0.25, 0.5, 1.0, 1.75], dtype=torch.float64)
+    tied = levels[torch.randint(0, 4, distinct.shape, generator=g)]
+    mask = inputs["completion_mask"]
+    records = []
+    for loss_type in ("grpo", "dapo"):
+        trainer.loss_type = loss_type
+        for ties, entropy in ((False, distinct), (True, tied)):
+            for rho in RHOS:
+                trainer.gmts_selection = SelectionConfig.preset("trl", score="entropy", ratio=rho)
+                picked = []
+                select = trainer._gmts_select
+
+                def recording(*a, select=select, picked=picked, **k):
+                    picked.append(select(*a, **k))
+                    return picked[-1]
+
+                trainer._gmts_select = recording
+                ours = tb.loss_and_grads(tb.gmts_compute_loss, trainer, inputs, logprobs, entropy)
+                del trainer._gmts_select
+                trl_mask = trainer.get_high_entropy_mask(entropy, mask, 1 - rho)
+                trainer.top_entropy_quantile = rho
+                theirs = tb.loss_and_grads(tb.trl_compute_loss, trainer, inputs, logprobs, entropy)
+                trainer.top_entropy_quantile = 1.0
+                records.append(
+                    {
+                        "loss_type": loss_type,
+                        "ties": ties,
+                        "rho": rho,
+                        "local_valid_tokens": int(mask.sum()),
+                        "local_selected_tokens": int(trl_mask.sum()),
+                        "mask_equal": bool(torch.equal(picked[-1].selected, trl_mask)),
+                        "loss_diff": float((ours[0] - theirs[0]).abs()),
+                        "grad_diff": max(
+                            float((a - b).abs().max()) for a, b in zip(ours[1:], theirs[1:])
+                        ),
+                        "grad_scale": float(theirs[1].abs().max()),
+                    }
+                )
+    return records
+
+
 def main(model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     args = GMTSGRPOConfig(
@@ -157,6 +215,7 @@ def main(model_dir: str, out_dir: str) -> None:
         "checksum_before": before,
         "checksum_after": after,
         "bnpo": compare_bnpo_with_trl(model_dir, out_dir),
+        "quantile_sweep": compare_quantile_sweep(model_dir),
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 

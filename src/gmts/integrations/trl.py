@@ -5,18 +5,23 @@
 
 1. one forward pass (TRL's own ``_get_per_token_logps_and_entropies``) gives the current
    log-probs (with gradient) and entropies of the micro-batch;
-2. omega is computed from exactly the tensors TRL's loss uses: current, old
+2. TRL's loss options become a core objective (:mod:`gmts.integrations.trl_loss`: every
+   ``loss_type``, ``importance_sampling_level``, ``delta``, ``epsilon`` / ``epsilon_high``,
+   ``beta`` with ``use_bias_correction_kl``), and TRL's multiplicative factors of the policy
+   term (the off-policy sequence mask, the vLLM importance-sampling ratio) its importance
+   weights; omega is computed from exactly the tensors TRL's loss uses: current, old
    (``old_per_token_logps``, or the detached current ones when TRL skips them, so r = 1) and
-   reference log-probs, the advantages, ``epsilon`` / ``epsilon_high`` and TRL's k3 KL with
-   ``beta`` and ``use_bias_correction_kl``;
-3. exactly k = ceil(ratio * N) tokens are selected by the configured score, N counted over the
-   selection unit on every accelerate process together (one global threshold, no
-   torch.quantile);
+   reference log-probs, the advantages and those weights;
+3. the tokens are selected by the configured score over the selection unit on every
+   accelerate process together (one global threshold; ``gmts_count`` says how many);
 4. the loss is the core's ``policy_loss`` with a ``LossConfig``: ``gmts_normalize="selected"``
    is the paper's eq. 2 (a token-mean over the selected tokens of the selection unit on all
    processes, whatever ``loss_type``; divisors from ``LossConfig.denominators``);
    ``gmts_normalize="all"`` keeps exactly the divisor of TRL's ``loss_type`` (what TRL's
-   ``top_entropy_quantile`` and the authors' code do).
+   ``top_entropy_quantile`` and the authors' code do);
+5. TRL's entropy bonus (``entropy_coef``, ``use_adaptive_entropy``, with TRL's own adaptive
+   controller) is added as TRL adds it, on the tokens the policy term trains on: the GMTS
+   selection takes the place of TRL's entropy mask.
 
 The selection unit (``gmts_unit``) is by default the whole optimizer step: all micro-batches
 of one gradient-accumulation window on all processes (the paper's mini-batch); with
@@ -24,14 +29,14 @@ of one gradient-accumulation window on all processes (the paper's mini-batch); w
 its first micro-batch. ``'micro-batch'`` selects each micro-batch (on all processes) on its
 own, as TRL's own ``top_entropy_quantile`` does.
 
-TRL options whose gradient is not the clipped objective that omega describes (other loss
-types, sequence-level importance sampling, two-sided clipping ``delta``, off-policy masks, vLLM
-importance-sampling correction, entropy bonuses, TRL's own entropy mask) are rejected when the
-trainer is built.
+Rejected when the trainer is built: TRL's own entropy mask (``top_entropy_quantile < 1``: the
+GMTS selection replaces it), and the few option values no core objective expresses exactly
+(:meth:`TRLLossOptions.problems` names the obstacle).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -42,6 +47,13 @@ from gmts.core.config import SelectionConfig
 from gmts.core.loss import LossConfig, LossDenominators, TokenSums, policy_loss
 from gmts.core.objectives import ObjectiveConfig
 from gmts.core.step import select_for_update
+from gmts.integrations.trl_loss import (
+    LOSS_TYPES,
+    PolicyFactors,
+    TRLLossOptions,
+    policy_factors,
+    trl_divisor,
+)
 
 __all__ = [
     "GMTSGRPOConfig",
@@ -52,8 +64,8 @@ __all__ = [
     "gmts_args",
 ]
 
-SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-"""TRL loss types whose per-token gradient is the clipped PPO objective omega describes."""
+SUPPORTED_LOSS_TYPES = LOSS_TYPES
+"""TRL loss types GMTSGRPOTrainer computes (all of TRL 1.16's)."""
 
 # Per-sequence model inputs that TRL's _compute_loss forwards to the model (multimodal models).
 _EXTRA_MODEL_INPUTS = (
@@ -161,36 +173,14 @@ def check_trl_args(args: Any) -> None:
         )
     problems: list[str] = []
     selection = args.gmts_selection_config()
-    if args.loss_type not in SUPPORTED_LOSS_TYPES:
-        problems.append(
-            f"loss_type={args.loss_type!r}: supported are {list(SUPPORTED_LOSS_TYPES)} "
-            "(other losses have a different per-token gradient than the clipped objective)"
-        )
+    problems.extend(TRLLossOptions.from_args(args).problems())
     if args.top_entropy_quantile < 1.0:
         problems.append(
-            "top_entropy_quantile < 1 is TRL's own entropy mask; set it to 1.0 and use "
-            "gmts_score='entropy' with gmts_ratio (and gmts_normalize='all', "
-            "gmts_kl_tokens='all' to reproduce TRL's loss)"
+            "top_entropy_quantile < 1 is TRL's own entropy mask, which the GMTS selection "
+            "replaces; set it to 1.0 and use gmts_score='entropy' with gmts_ratio and the 'trl' "
+            "preset (gmts_count='quantile', gmts_zero_scores='select', gmts_unit='micro-batch', "
+            "gmts_normalize='all', gmts_kl_tokens='all') to reproduce TRL's loss"
         )
-    if args.importance_sampling_level != "token":
-        problems.append(
-            f"importance_sampling_level={args.importance_sampling_level!r}: only 'token' "
-            "(sequence-level ratios give every token of a sequence the same omega)"
-        )
-    if getattr(args, "delta", None) is not None:
-        problems.append("delta (two-sided clipping) changes omega; set delta=None")
-    if getattr(args, "off_policy_mask_threshold", None) is not None:
-        problems.append("off_policy_mask_threshold is not supported; set it to None")
-    if getattr(args, "use_vllm", False) and getattr(
-        args, "vllm_importance_sampling_correction", False
-    ):
-        problems.append(
-            "use_vllm with vllm_importance_sampling_correction=True multiplies the token loss "
-            "by an importance weight omega does not include; set "
-            "vllm_importance_sampling_correction=False"
-        )
-    if getattr(args, "entropy_coef", 0.0) != 0.0 or getattr(args, "use_adaptive_entropy", False):
-        problems.append("the entropy bonus (entropy_coef / use_adaptive_entropy) is not supported")
     if (
         selection.unit == "mini-batch"
         and selection.enabled
@@ -235,15 +225,6 @@ class GMTSSelection:
     threshold: float | None
 
 
-# TRL loss types -> the core aggregation of their numerator (divisors: _trl_divisor)
-_TRL_AGGREGATION = {
-    "grpo": "seq-mean-token-mean",
-    "bnpo": "token-mean",
-    "dr_grpo": "token-mean",
-    "dapo": "token-mean",
-}
-
-
 class GMTSGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` training on the tokens GMTS (or ETS, ...) selects.
 
@@ -263,18 +244,14 @@ class GMTSGRPOTrainer(GRPOTrainer):
 
     # ----------------------------------------------------------------------------------------
 
-    def _gmts_loss_config(self) -> LossConfig:
-        """TRL's clip, KL and loss-type aggregation with the gmts_* normalisation."""
-        objective = ObjectiveConfig(
-            clip_low=float(self.epsilon_low),
-            clip_high=float(self.epsilon_high),
-            dual_clip=None,
-            kl_coef=float(self.beta),
-            kl_ratio_correction=bool(self.beta != 0.0 and self.args.use_bias_correction_kl),
-            kl_clamp=None,
-            aggregation=_TRL_AGGREGATION[self.loss_type],
-        )
-        return LossConfig.of(objective, self.gmts_selection)
+    def _gmts_options(self) -> TRLLossOptions:
+        """The loss options TRL's own ``_compute_loss`` would read now (its attributes)."""
+        return TRLLossOptions.from_trainer(self)
+
+    def _gmts_loss_config(self, options: TRLLossOptions | None = None) -> LossConfig:
+        """TRL's objective (clip, KL, loss-type aggregation) with the gmts_* normalisation."""
+        options = self._gmts_options() if options is None else options
+        return LossConfig.of(_objective_of(options), self.gmts_selection)
 
     def _gmts_reduce(self, values: torch.Tensor) -> torch.Tensor:
         """Sum over accelerate's processes (TRL's own collective)."""
@@ -323,6 +300,37 @@ class GMTSGRPOTrainer(GRPOTrainer):
         ref_logprobs = inputs.get("ref_per_token_logps") if self.beta != 0.0 else None
         return old_logprobs, ref_logprobs
 
+    def _gmts_policy(
+        self,
+        options: TRLLossOptions,
+        inputs: dict[str, Any],
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+    ) -> PolicyFactors:
+        """The advantages and importance weights of the policy term, as TRL applies them: its
+        off-policy sequence mask (TRL's own ``get_off_policy_mask`` on the detached current
+        log-probs) and its vLLM importance-sampling ratio."""
+        advantages = inputs["advantages"]
+        off_policy_mask = None
+        if options.off_policy_mask_threshold is not None:
+            trl_mask = inputs["completion_mask"]  # TRL's own (integer) mask
+            if "tool_mask" in inputs:
+                trl_mask = trl_mask * inputs["tool_mask"]
+            off_policy_mask = self.get_off_policy_mask(
+                advantages=advantages[:, None] if advantages.dim() == 1 else advantages,
+                per_token_logps=logprobs.detach(),
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logprobs),
+                mask=trl_mask,
+                off_policy_threshold=options.off_policy_mask_threshold,
+            )  # (B, 1)
+        return policy_factors(
+            options,
+            advantages=advantages,
+            mask=self._gmts_mask(inputs),
+            importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+            off_policy_mask=off_policy_mask,
+        )
+
     def _gmts_uses_step_unit(self, mode: str) -> bool:
         return (
             mode == "train"
@@ -332,7 +340,9 @@ class GMTSGRPOTrainer(GRPOTrainer):
         )
 
     @torch.no_grad()
-    def _gmts_window(self, model: torch.nn.Module, loss_config: LossConfig) -> dict[str, Any]:
+    def _gmts_window(
+        self, model: torch.nn.Module, loss_config: LossConfig, options: TRLLossOptions
+    ) -> dict[str, Any]:
         """Select over every micro-batch of the current optimizer step (all processes).
 
         One no-grad forward over the window's micro-batches (TRL's buffered slices) with the
@@ -347,18 +357,21 @@ class GMTSGRPOTrainer(GRPOTrainer):
         per_generation = self.args.steps_per_generation
         slots = [(start + i) % per_generation for i in range(accumulation)]
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("lp", "ent", "old", "adv", "mask")}
-        refs = []
+        refs, weights = [], []
         for slot in slots:
             batch = self._buffered_inputs[slot]
             logprobs, entropy, _ = self._gmts_forward(model, batch)
             old_logprobs, ref_logprobs = self._gmts_score_inputs(batch, logprobs)
-            adv = batch["advantages"]
+            policy = self._gmts_policy(options, batch, logprobs, old_logprobs)
+            adv = policy.advantages
+            adv = adv[:, None] if adv.dim() == 1 else adv
             parts["lp"].append(logprobs.detach())
             parts["ent"].append(entropy.detach().float())
             parts["old"].append(old_logprobs)
-            parts["adv"].append(adv[:, None].expand_as(logprobs) if adv.dim() == 1 else adv)
+            parts["adv"].append(adv.expand_as(logprobs))
             parts["mask"].append(self._gmts_mask(batch))
             refs.append(ref_logprobs)
+            weights.append(policy.importance_weights)
         cat = {k: torch.cat(v, dim=0) for k, v in parts.items()}  # (accumulation * B, T)
         result = select_for_update(
             self.gmts_selection,
@@ -371,6 +384,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
             ref_logprobs=torch.cat(refs, dim=0) if self.beta != 0.0 else None,
             process_group=self._gmts_process_group(),
             step=start,
+            importance_weights=None if weights[0] is None else torch.cat(weights, dim=0),
         )
         rows = [m.shape[0] for m in parts["mask"]]
         cache = {
@@ -389,6 +403,8 @@ class GMTSGRPOTrainer(GRPOTrainer):
         loss_config: LossConfig,
         mode: str,
         *,
+        options: TRLLossOptions,
+        policy: PolicyFactors,
         logprobs: torch.Tensor,
         entropy: torch.Tensor,
         old_logprobs: torch.Tensor,
@@ -399,7 +415,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
             return GMTSSelection(selected=None, unit_sums=None, threshold=None)
         mask = self._gmts_mask(inputs)
         if self._gmts_uses_step_unit(mode):
-            window = self._gmts_window(model, loss_config)
+            window = self._gmts_window(model, loss_config, options)
             slot = int(self._step) % self.args.steps_per_generation
             if inputs is not self._buffered_inputs[slot]:
                 raise RuntimeError(
@@ -416,39 +432,32 @@ class GMTSGRPOTrainer(GRPOTrainer):
             loss_config.objective,
             logprobs=logprobs.detach(),
             old_logprobs=old_logprobs,
-            advantages=inputs["advantages"],
+            advantages=policy.advantages,
             response_mask=mask,
             entropy=entropy.detach().float(),
             ref_logprobs=ref_logprobs,
             process_group=self._gmts_process_group(),
             step=int(self._step),
+            importance_weights=policy.importance_weights,
         )
         unit_sums = TokenSums.count(mask, result.selected).reduced(self._gmts_reduce)
         return GMTSSelection(result.selected, unit_sums, result.threshold)
 
     def _trl_divisor(
-        self, inputs: dict[str, Any], mask: torch.Tensor, mode: str
+        self, options: TRLLossOptions, inputs: dict[str, Any], mask: torch.Tensor, mode: str
     ) -> tuple[float | None, float]:
-        """``(divisor, accumulation scale)`` of TRL 1.16's ``loss_type`` for this micro-batch.
-
-        The divisor is that of both loss terms (None: this micro-batch's own valid-token count,
-        TRL's ``mask.sum()``); the loss is further divided by the scale, as TRL divides by the
-        accumulation steps.
-        """
-        accumulation = float(self.current_gradient_accumulation_steps if mode == "train" else 1)
-        if self.loss_type == "grpo":  # mean over the local rows of per-sequence token means
-            return float(mask.shape[0]), accumulation
-        if self.loss_type == "bnpo":  # token-mean over this micro-batch's local tokens
-            return None, accumulation
-        if self.loss_type == "dr_grpo":  # sum / (B * max_completion_length)
-            return float(mask.shape[0] * self.max_completion_length), accumulation
-        # dapo: the generation batch's global token count, rescaled to one accumulation window
-        # per process; that already accounts for accumulation.
-        divisor = float(inputs["num_items_in_batch"].clamp(min=1.0))
-        divisor /= self.accelerator.num_processes
-        if mode == "train":
-            divisor *= self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        return divisor, 1.0
+        """``(divisor, accumulation scale)`` of TRL 1.16's ``loss_type`` for this micro-batch
+        (:func:`gmts.integrations.trl_loss.trl_divisor`)."""
+        return trl_divisor(
+            options.divisor_rule,
+            rows=int(mask.shape[0]),
+            num_items_in_batch=inputs.get("num_items_in_batch"),
+            num_processes=self.accelerator.num_processes,
+            accumulation=int(self.current_gradient_accumulation_steps),
+            steps_per_generation=int(self.args.steps_per_generation),
+            max_completion_length=int(self.max_completion_length),
+            train=mode == "train",
+        )
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         aux_enabled = bool(getattr(self, "aux_loss_enabled", False))
@@ -458,19 +467,23 @@ class GMTSGRPOTrainer(GRPOTrainer):
         mask = self._gmts_mask(inputs)  # (B, T)
         old_logprobs, ref_logprobs = self._gmts_score_inputs(inputs, logprobs)
         mode = "train" if self.model.training else "eval"
-        loss_config = self._gmts_loss_config()
+        options = self._gmts_options()
+        loss_config = self._gmts_loss_config(options)
+        policy = self._gmts_policy(options, inputs, logprobs, old_logprobs)
         selection = self._gmts_select(
             model,
             inputs,
             loss_config,
             mode,
+            options=options,
+            policy=policy,
             logprobs=logprobs,
             entropy=entropy,
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
         )
 
-        divisor, scale = self._trl_divisor(inputs, mask, mode)
+        divisor, scale = self._trl_divisor(options, inputs, mask, mode)
         denominators = None if divisor is None else LossDenominators(divisor, divisor)
         if selection.selected is not None and loss_config.normalize == "selected":
             # Paper eq. 2: divide by the selection unit's counts on every process (the core's
@@ -487,25 +500,84 @@ class GMTSGRPOTrainer(GRPOTrainer):
         loss, sums = policy_loss(
             logprobs,
             old_logprobs,
-            inputs["advantages"],
+            policy.advantages,
             mask,
             loss_config,
             selected=selection.selected,
             ref_logprobs=ref_logprobs,
             entropy=entropy.detach().float(),
             denominators=denominators,
+            importance_weights=policy.importance_weights,
         )
+        unscaled = loss.detach()
         loss = loss / scale
+        if self._entropy_bonus_enabled:
+            # the bonus acts on the tokens the policy term trains on, as TRL's acts on
+            # mask * entropy_mask: the GMTS selection takes the place of TRL's entropy mask
+            carriers = mask if selection.selected is None else mask & selection.selected
+            loss = loss - self._gmts_entropy_bonus(entropy, carriers, mode, unscaled)
         if aux_loss is not None:
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(
                 self.accelerator.gather_for_metrics(aux_loss.detach()).mean().item()
             )
-        self._gmts_log(mode, sums.reduced(self._gmts_reduce), selection)
+        self._gmts_log(mode, sums.reduced(self._gmts_reduce), selection, options)
         return loss
 
-    def _gmts_log(self, mode: str, sums: TokenSums, selection: GMTSSelection) -> None:
+    def _gmts_entropy_bonus(
+        self, entropy: torch.Tensor, carriers: torch.Tensor, mode: str, policy_value: torch.Tensor
+    ) -> torch.Tensor:
+        """``coef * H``, TRL 1.16's entropy bonus to subtract from the loss, and TRL's adaptive
+        controller step (on TRL's own state: ``entropy_coef``, ``_last_world_entropy``,
+        ``_entropy_window_stats``, which TRL checkpoints).
+
+        ``H`` is the mean entropy of this micro-batch's ``carriers`` ``(B, T)`` bool, divided by
+        the accumulation steps (never by the loss type's divisor); its gradient flows through
+        the whole softmax, not through log pi(o_t), so it is no part of omega and plays no role
+        in the selection. The coefficient applied is the one decided at the end of the previous
+        optimizer step (adaptive: 0 while the last window's entropy was above
+        ``entropy_target``); the controller then adds this micro-batch's entropy to the window
+        and, at the optimizer-step boundary, moves ``entropy_coef`` by ``entropy_coef_delta``
+        using the window's global (all-process) mean.
+        """
+        effective = carriers.to(entropy.dtype)  # (B, T)
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        mean_entropy = (entropy * effective).sum() / effective.sum().clamp(min=1.0) / accumulation
+        if self.use_adaptive_entropy:
+            target = self.args.entropy_target
+            coef = self.entropy_coef if self._last_world_entropy <= target else 0.0
+        else:
+            coef = self.entropy_coef
+        bonus = coef * mean_entropy
+        self._metrics[mode]["policy_loss"].append(
+            self.accelerator.gather(policy_value).nanmean().item()
+        )
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropy * effective).sum(), effective.sum()]).detach()
+            window = self._entropy_window_stats
+            self._entropy_window_stats = stats if window is None else window + stats
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+                args = self.args
+                if world_entropy <= args.entropy_target:
+                    self.entropy_coef = min(
+                        self.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max
+                    )
+                else:
+                    self.entropy_coef = max(
+                        self.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min
+                    )
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return bonus
+
+    def _gmts_log(
+        self, mode: str, sums: TokenSums, selection: GMTSSelection, options: TRLLossOptions
+    ) -> None:
         """Global (all-process) selection metrics through TRL's ``self._metrics``."""
         m = sums.metrics()
         metrics = self._metrics[mode]
@@ -522,8 +594,17 @@ class GMTSGRPOTrainer(GRPOTrainer):
             metrics["gmts/score_threshold"].append(float(selection.threshold))
         # TRL's usual keys, so its dashboards keep working
         metrics["entropy"].append(m["entropy_mean"])
-        metrics["clip_ratio/low_mean"].append(m["clip_low_fraction"])
-        metrics["clip_ratio/high_mean"].append(m["clip_high_fraction"])
-        metrics["clip_ratio/region_mean"].append(m["clip_low_fraction"] + m["clip_high_fraction"])
+        if _objective_of(options).name == "ppo":  # TRL logs clip ratios for its ppo losses
+            metrics["clip_ratio/low_mean"].append(m["clip_low_fraction"])
+            metrics["clip_ratio/high_mean"].append(m["clip_high_fraction"])
+            metrics["clip_ratio/region_mean"].append(
+                m["clip_low_fraction"] + m["clip_high_fraction"]
+            )
         if "kl_mean" in m:
             metrics["kl"].append(m["kl_mean"])
+
+
+@functools.lru_cache(maxsize=32)
+def _objective_of(options: TRLLossOptions) -> ObjectiveConfig:
+    """``options.objective()``, built once per distinct set of options."""
+    return options.objective()

@@ -81,7 +81,8 @@ class ObjectiveConfig:
         default=0.28,
         metadata=_help(
             "Upper clip epsilon (DAPO clip-higher): r clipped above at 1 + clip_high (ppo, "
-            "cispo's weight bound); gmpo: the log-ratio bound; dppo-*: the threshold for A > 0."
+            "cispo's weight bound: TRL's cispo caps at epsilon_high = 1 + clip_high, possibly "
+            "below 1); gmpo: the log-ratio bound; dppo-*: the threshold for A > 0."
         ),
     )
     dual_clip: float | None = field(
@@ -208,18 +209,30 @@ class ObjectiveConfig:
             raise ValueError("dro_beta: objective 'dro' needs dro_beta > 0")
 
     def _check_values(self) -> None:
-        for name in ("clip_low", "clip_high"):
-            value = getattr(self, name)
-            if not (_finite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.clip_low > 1:
+        if not (_finite(self.clip_low) and 0 <= self.clip_low <= 1):
             raise ValueError(
-                f"clip_low must be <= 1 (the lower bound is 1 - clip_low), got {self.clip_low}"
+                f"clip_low must be a finite number in [0, 1] (the lower bound is 1 - clip_low), "
+                f"got {self.clip_low!r}"
             )
-        if self.dual_clip is not None and not (_finite(self.dual_clip) and self.dual_clip > 1):
+        if not (_finite(self.clip_high) and self.clip_high > -1):
             raise ValueError(
-                f"dual_clip must be null or a finite number > 1, got {self.dual_clip!r}"
+                f"clip_high must be a finite number > -1 (the upper bound is 1 + clip_high), "
+                f"got {self.clip_high!r}"
             )
+        if self.clip_low + self.clip_high < 0:
+            raise ValueError(
+                f"the clip range [1 - clip_low, 1 + clip_high] = [{1 - self.clip_low}, "
+                f"{1 + self.clip_high}] is empty"
+            )
+        if self.dual_clip is not None:
+            # verl's clip_ratio_c (A < 0 only) must exceed 1; TRL's delta (every sign) any > 0
+            floor = 0.0 if self.dual_clip_all_signs else 1.0
+            if not (_finite(self.dual_clip) and self.dual_clip > floor):
+                raise ValueError(
+                    f"dual_clip must be null or a finite number > {floor:g}"
+                    f"{' (with dual_clip_all_signs)' if floor == 0 else ''}, "
+                    f"got {self.dual_clip!r}"
+                )
         for name in ("log_ratio_min", "log_ratio_max"):
             value = getattr(self, name)
             if value is not None and not _finite(value):

@@ -224,6 +224,8 @@ register_objective(
         _vespo_surrogate,
         _vespo_omega,
         params=frozenset({"vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"}),
+        # its own weight reads the token ratios; ratio_level is the KL correction's ratio
+        ratio_levels=("token", "sequence"),
         formula=(
             "phi_i A, phi_i = exp(lambda + k log w_i - lambda w_i) of the row's ratio w_i "
             "(importance weights folded into w_i, not multiplied)"

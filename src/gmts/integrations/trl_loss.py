@@ -1,0 +1,359 @@
+"""TRL's loss options as the core's objective, importance weights and divisors (TRL 1.16).
+
+The one place that maps what ``GRPOTrainer._compute_loss`` reads to the core:
+
+    TRL option                                   core
+    loss_type grpo/bnpo/dr_grpo/dapo/luspo       objective ppo: clip_low = min(epsilon, 1),
+                                                 clip_high = epsilon_high
+    delta                                        ppo dual_clip = delta, dual_clip_all_signs
+    loss_type cispo                              cispo: clip_low = 1, clip_high = epsilon_high - 1
+    loss_type sapo                               sapo: sapo_tau_pos/neg = sapo_temperature_pos/neg
+    loss_type vespo                              vespo: vespo_k_pos/neg, vespo_lambda_pos/neg
+    importance_sampling_level token/sequence     ratio_level token/sequence (sequence = GSPO)
+    beta, use_bias_correction_kl                 kl_coef (k3), kl_ratio_correction
+    loss_type -> numerator                       aggregation (:data:`LOSS_TYPES`)
+    loss_type -> divisor                         :func:`trl_divisor`
+    off_policy_mask_threshold, vLLM IS ratio     importance weights (:func:`policy_factors`)
+
+Why the mapping is exact where it is not literal: TRL clips the ratio below at
+``1 - epsilon``; for ``epsilon >= 1`` that bound is <= 0 < r and never acts, as the core's
+bound 0 at ``clip_low = 1``. TRL's cispo weight ``clamp(r, max=epsilon_high)`` has no lower
+bound; the core's ``clamp(r, 1 - 1, epsilon_high)`` has the bound 0 < r, which never acts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gmts._registry import Registry
+from gmts.core.objectives import ObjectiveConfig
+
+__all__ = [
+    "LOSS_TYPES",
+    "VLLM_IS_MODES",
+    "PolicyFactors",
+    "TRLLossOptions",
+    "TRLLossType",
+    "policy_factors",
+    "trl_divisor",
+]
+
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""TRL 1.16's ``vllm_importance_sampling_mode`` values."""
+
+DIVISOR_RULES = ("rows", "local-tokens", "rows-horizon", "window-tokens")
+
+
+@dataclass(frozen=True)
+class TRLLossType:
+    """One TRL ``loss_type``: its core objective, the aggregation of its numerator and the
+    rule of its divisor (:func:`trl_divisor`)."""
+
+    name: str
+    objective: str
+    aggregation: str
+    divisor: str
+
+    def __post_init__(self) -> None:
+        if self.divisor not in DIVISOR_RULES:
+            raise ValueError(f"divisor must be one of {list(DIVISOR_RULES)}, got {self.divisor!r}")
+
+
+_LOSS_TYPES: Registry[TRLLossType] = Registry("TRL loss_type")
+for _entry in (
+    # (per_token_loss * mask).sum(-1) / mask.sum(-1), mean over the local rows
+    TRLLossType("grpo", "ppo", "seq-mean-token-mean", "rows"),
+    TRLLossType("sapo", "sapo", "seq-mean-token-mean", "rows"),
+    # (per_token_loss * mask).sum() / mask.sum(): the micro-batch's local tokens
+    TRLLossType("bnpo", "ppo", "token-mean", "local-tokens"),
+    # (per_token_loss * mask).sum() / (B * max_completion_length)
+    TRLLossType("dr_grpo", "ppo", "token-mean", "rows-horizon"),
+    # (per_token_loss * mask).sum() / the window's share of num_items_in_batch
+    TRLLossType("dapo", "ppo", "token-mean", "window-tokens"),
+    TRLLossType("cispo", "cispo", "token-mean", "window-tokens"),
+    TRLLossType("vespo", "vespo", "token-mean", "window-tokens"),
+    # (per_token_loss * mask).sum(-1).mean(): each row's token sum, mean over ALL local rows
+    TRLLossType("luspo", "ppo", "seq-mean-token-sum", "rows"),
+):
+    _LOSS_TYPES.add(_entry.name, _entry)
+
+LOSS_TYPES: tuple[str, ...] = tuple(_LOSS_TYPES)
+"""Every TRL 1.16 ``loss_type``, all supported."""
+
+
+def _loss_type(name: str) -> TRLLossType:
+    return _LOSS_TYPES.get(name)
+
+
+@dataclass(frozen=True)
+class TRLLossOptions:
+    """What TRL 1.16's ``_compute_loss`` reads to build the per-token loss.
+
+    Build it from a ``GRPOConfig`` (:meth:`from_args`, before the trainer exists) or from a
+    live trainer (:meth:`from_trainer`, the attributes TRL itself reads at every step).
+
+    Attributes:
+        vllm_is_mode: the vLLM importance-sampling mode when TRL multiplies the loss by its
+            ratio (``use_vllm`` and ``vllm_importance_sampling_correction``), else None.
+    """
+
+    loss_type: str
+    importance_sampling_level: str = "token"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    delta: float | None = None
+    beta: float = 0.0
+    use_bias_correction_kl: bool = True
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    off_policy_mask_threshold: float | None = None
+    vllm_is_mode: str | None = None
+    vllm_is_clip_min: float | None = None
+    vllm_is_clip_max: float | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> TRLLossOptions:
+        """From a ``GRPOConfig`` (``epsilon_high=None`` means ``epsilon``, as TRL reads it)."""
+        epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        return cls._of(args, args, epsilon_low=args.epsilon, epsilon_high=epsilon_high)
+
+    @classmethod
+    def from_trainer(cls, trainer: Any) -> TRLLossOptions:
+        """From a ``GRPOTrainer``: the attributes its ``_compute_loss`` reads."""
+        return cls._of(
+            trainer,
+            trainer.args,
+            epsilon_low=trainer.epsilon_low,
+            epsilon_high=trainer.epsilon_high,
+        )
+
+    @classmethod
+    def _of(
+        cls, owner: Any, args: Any, *, epsilon_low: float, epsilon_high: float
+    ) -> TRLLossOptions:
+        """``owner``: where TRL reads an option as ``self.<name>`` (the trainer), or the args."""
+        corrected = bool(
+            getattr(owner, "use_vllm", False)
+            and getattr(owner, "vllm_importance_sampling_correction", False)
+        )
+        return cls(
+            loss_type=owner.loss_type,
+            importance_sampling_level=owner.importance_sampling_level,
+            epsilon_low=float(epsilon_low),
+            epsilon_high=float(epsilon_high),
+            delta=None if args.delta is None else float(args.delta),
+            beta=float(owner.beta),
+            use_bias_correction_kl=bool(args.use_bias_correction_kl),
+            sapo_temperature_pos=float(args.sapo_temperature_pos),
+            sapo_temperature_neg=float(args.sapo_temperature_neg),
+            vespo_k_pos=float(args.vespo_k_pos),
+            vespo_lambda_pos=float(args.vespo_lambda_pos),
+            vespo_k_neg=float(args.vespo_k_neg),
+            vespo_lambda_neg=float(args.vespo_lambda_neg),
+            off_policy_mask_threshold=owner.off_policy_mask_threshold,
+            vllm_is_mode=owner.vllm_importance_sampling_mode if corrected else None,
+            vllm_is_clip_min=owner.vllm_importance_sampling_clip_min,
+            vllm_is_clip_max=owner.vllm_importance_sampling_clip_max,
+        )
+
+    # ------------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Why these options cannot be expressed exactly by a core objective (empty: they can)."""
+        if self.loss_type not in _LOSS_TYPES:
+            return [f"loss_type={self.loss_type!r}: TRL 1.16's loss types are {list(LOSS_TYPES)}"]
+        problems = []
+        if self.importance_sampling_level not in ("token", "sequence"):
+            problems.append(
+                f"importance_sampling_level={self.importance_sampling_level!r}: TRL has 'token' "
+                "and 'sequence'"
+            )
+        objective = _loss_type(self.loss_type).objective
+        if objective == "vespo" and self.vllm_is_mode in ("token_truncate", "token_mask"):
+            low = -math.inf if self.vllm_is_clip_min is None else self.vllm_is_clip_min
+            high = math.inf if self.vllm_is_clip_max is None else self.vllm_is_clip_max
+            if not low <= 1.0 <= high:
+                problems.append(
+                    "loss_type='vespo' with a vLLM importance-sampling range "
+                    f"[{self.vllm_is_clip_min}, {self.vllm_is_clip_max}] that excludes 1: TRL's "
+                    "get_gamma_weights sums log(ratio) over every position, padding included, "
+                    "where TRL's ratio is then clipped or masked away from 1; the core's vespo "
+                    "counts the valid tokens only"
+                )
+        if self.off_policy_mask_threshold is not None and not math.isfinite(
+            float(self.off_policy_mask_threshold)
+        ):
+            problems.append("off_policy_mask_threshold must be a finite number or None")
+        if not problems:
+            try:
+                self._build()
+            except ValueError as err:
+                problems.append(f"{self.loss_type} maps to an invalid core objective: {err}")
+        return problems
+
+    def objective(self) -> ObjectiveConfig:
+        """The core objective of TRL's per-token loss (ValueError listing :meth:`problems`)."""
+        problems = self.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self._build()
+
+    def _build(self) -> ObjectiveConfig:
+        loss_type = _loss_type(self.loss_type)
+        kl = dict(
+            kl_coef=self.beta,
+            kl_estimator="k3",
+            kl_ratio_correction=bool(self.beta != 0.0 and self.use_bias_correction_kl),
+            aggregation=loss_type.aggregation,
+        )
+        level = self.importance_sampling_level
+        if loss_type.objective == "ppo":
+            own = dict(
+                clip_low=min(self.epsilon_low, 1.0),
+                clip_high=self.epsilon_high,
+                dual_clip=self.delta,
+                dual_clip_all_signs=self.delta is not None,
+            )
+        elif loss_type.objective == "cispo":
+            own = dict(clip_low=1.0, clip_high=self.epsilon_high - 1.0)
+        elif loss_type.objective == "sapo":
+            own = dict(
+                sapo_tau_pos=self.sapo_temperature_pos, sapo_tau_neg=self.sapo_temperature_neg
+            )
+        else:  # vespo: its weight reads the token ratios whatever the level (TRL's log_ratio);
+            # the level is the ratio of TRL's bias-corrected KL (coef_1)
+            own = dict(
+                vespo_k_pos=self.vespo_k_pos,
+                vespo_lambda_pos=self.vespo_lambda_pos,
+                vespo_k_neg=self.vespo_k_neg,
+                vespo_lambda_neg=self.vespo_lambda_neg,
+            )
+        return ObjectiveConfig(name=loss_type.objective, ratio_level=level, **own, **kl)
+
+    @property
+    def divisor_rule(self) -> str:
+        """The divisor rule of :func:`trl_divisor` for this loss type."""
+        return _loss_type(self.loss_type).divisor
+
+
+# ------------------------------------------------------------------------------------------
+# divisors
+
+
+def trl_divisor(
+    rule: str,
+    *,
+    rows: int,
+    num_items_in_batch: torch.Tensor | float | None,
+    num_processes: int,
+    accumulation: int,
+    steps_per_generation: int,
+    max_completion_length: int,
+    train: bool,
+) -> tuple[float | None, float]:
+    """``(divisor, scale)`` of TRL 1.16's loss for one micro-batch: the loss is the numerator
+    divided by ``divisor`` (None: the micro-batch's own valid-token count, TRL's
+    ``mask.sum()``) and then by ``scale`` (TRL's division by the accumulation steps; in eval
+    TRL neither splits nor accumulates).
+
+    Args:
+        rule: the loss type's :attr:`TRLLossType.divisor`.
+        rows: ``B``, the micro-batch's local rows (every row, also those without a valid token).
+        num_items_in_batch: TRL's global valid-token count of the generation batch.
+    """
+    steps = float(accumulation if train else 1)
+    if rule == "rows":
+        return float(rows), steps
+    if rule == "local-tokens":
+        return None, steps
+    if rule == "rows-horizon":
+        return float(rows * max_completion_length), steps
+    if rule == "window-tokens":
+        if num_items_in_batch is None:
+            raise ValueError("this loss type divides by num_items_in_batch, missing from inputs")
+        divisor = float(torch.as_tensor(num_items_in_batch).clamp(min=1.0)) / num_processes
+        if train:  # the generation batch's count, rescaled to one accumulation window
+            divisor *= accumulation / steps_per_generation
+        return divisor, 1.0
+    raise ValueError(f"divisor rule must be one of {list(DIVISOR_RULES)}, got {rule!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# importance weights
+
+
+@dataclass(frozen=True)
+class PolicyFactors:
+    """What TRL multiplies into the policy term, as the core takes it.
+
+    Attributes:
+        advantages: the advantages the objective reads, ``(B,)`` or ``(B, T)``.
+        importance_weights: ``(B, 1)`` or ``(B, T)`` detached weights >= 0, or None.
+    """
+
+    advantages: torch.Tensor
+    importance_weights: torch.Tensor | None
+
+
+def _first_valid(mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` bool: the first valid token of each row."""
+    return mask & (mask.long().cumsum(-1) == 1)
+
+
+def policy_factors(
+    options: TRLLossOptions,
+    *,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    importance_sampling_ratio: torch.Tensor | None,
+    off_policy_mask: torch.Tensor | None,
+) -> PolicyFactors:
+    """TRL's multiplicative factors of the policy term as core importance weights.
+
+    TRL multiplies ``per_token_loss`` (the policy term, before the KL is added) by the
+    off-policy sequence mask ``(B, 1)`` and, with vLLM importance-sampling correction, by
+    ``inputs["importance_sampling_ratio"]`` (``(B, T)`` in the token modes, ``(B, 1)`` in the
+    sequence modes). For ppo, cispo and sapo both are the core's importance weights (their
+    product), which multiply the policy term and are folded into omega.
+
+    VESPO is different, as in TRL: the IS ratio enters its gamma weight phi (the core's vespo
+    sums the logs of per-token weights over the valid tokens, so a ``(B, 1)`` sequence ratio is
+    put on the first valid token of its row, exactly its log once), and TRL does not multiply
+    the loss by it. The off-policy mask, which VESPO still multiplies, is 0 only for rows
+    with A < 0 (TRL keeps A >= 0); VESPO's term is proportional to A, so zeroing those rows'
+    advantages is exactly the product.
+
+    Args:
+        mask: ``(B, T)`` bool valid tokens (TRL's ``completion_mask * tool_mask``).
+        importance_sampling_ratio: TRL's ratio when TRL applies it (vespo: whenever present).
+        off_policy_mask: TRL's ``get_off_policy_mask`` ``(B, 1)``, or None.
+    """
+    weights = None
+    if options.loss_type == "vespo":
+        if importance_sampling_ratio is not None:
+            ratio = importance_sampling_ratio.detach()
+            if ratio.dim() == 2 and ratio.shape[1] == 1 and mask.shape[1] != 1:
+                ratio = torch.where(_first_valid(mask), ratio, torch.ones_like(ratio))
+            weights = ratio
+        if off_policy_mask is not None:
+            adv = advantages[:, None] if advantages.dim() == 1 else advantages
+            advantages = adv * off_policy_mask.to(adv.dtype)
+        return PolicyFactors(advantages, weights)
+    if options.vllm_is_mode is not None:
+        if importance_sampling_ratio is None:
+            raise ValueError(
+                "vLLM importance-sampling correction is on but inputs lack importance_sampling_ratio"
+            )
+        weights = importance_sampling_ratio.detach()
+    if off_policy_mask is not None:
+        keep = off_policy_mask.detach().to(torch.float32 if weights is None else weights.dtype)
+        weights = keep if weights is None else weights * keep
+    return PolicyFactors(advantages, weights)
