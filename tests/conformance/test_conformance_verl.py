@@ -2,8 +2,11 @@
 
 The verl plugin's loss on verl's default (V1) trainer layout, built with verl's own functions,
 equals the reference written from the paper's equations for every preset x {GRPO, DAPO} it
-accepts, or refuses the preset with a clear error. Runs in the verl environment (.venv-verl);
-skipped where verl is not installed.
+accepts, or refuses the preset with a clear error; and for every objective row verl offers
+(tests/conformance/_objectives.py, its verl spelling ``row.verl``: loss_mode, clip ratios,
+kl_loss_type), the paper preset under that objective equals the row's reference
+(tests/conformance/_objectives_verl.py). Runs in the verl environment (.venv-verl); skipped
+where verl is not installed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ _spec = importlib.util.spec_from_file_location("_matrix", HERE / "_matrix.py")
 matrix = importlib.util.module_from_spec(_spec)
 sys.modules["_matrix"] = matrix  # dataclasses look their module up while it executes
 _spec.loader.exec_module(matrix)
+if "_objectives" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("_objectives", HERE / "_objectives.py")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["_objectives"] = _module
+    _spec.loader.exec_module(_module)
+objectives = sys.modules["_objectives"]
+VERL_ROWS = [row.name for row in objectives.ROWS if row.verl is not None]
 
 
 @pytest.mark.parametrize("algorithm", matrix.ALGORITHMS)
@@ -32,3 +42,16 @@ def test_verl_matches_the_reference_or_refuses(preset, algorithm):
     assert status == matrix.documented_statuses()[(preset, algorithm, "verl")], status
     if cell.refused is not None:
         assert "verl" in cell.refused or "unit" in cell.refused or "scope" in cell.refused
+
+
+@pytest.mark.parametrize("name", VERL_ROWS)
+def test_verl_objective_row_matches_the_reference_or_refuses(name):
+    row = objectives.ROW_BY_NAME[name]
+    status = objectives.status(row, "verl")
+    assert status == objectives.documented_statuses()[(name, "verl")], status
+
+
+def test_the_rows_verl_does_not_offer_are_documented_so():
+    for row in objectives.ROWS:
+        if row.verl is None:
+            assert objectives.documented_statuses()[(row.name, "verl")] == objectives.NOT_OFFERED

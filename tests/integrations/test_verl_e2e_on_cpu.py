@@ -2,7 +2,9 @@
 
 ``python -m gmts.integrations.verl ...`` (the documented launcher, wrapping
 ``verl.trainer.main_ppo``) runs 2 GRPO steps of a tiny random Qwen2 with GMTS on, once with
-``trainer.use_v1=true`` (verl 0.9's default) and once with ``trainer.use_v1=false`` (legacy).
+``trainer.use_v1=true`` (verl 0.9's default), once with ``trainer.use_v1=false`` (legacy), and
+once on V1 with verl's GSPO loss (``policy_loss.loss_mode=gspo``, the GSPO paper's clip range),
+whose omega is the core's ppo at ratio_level='sequence-token'.
 The scaffolding that makes verl run without a GPU (a CPU platform, a transformers rollout, a
 byte-level tokenizer, a reward file) is in ``verl_cpu/``; a recorder there dumps the first
 actor mini-batch, from which this test recomputes the selection and the loss with ``gmts.core``.
@@ -37,7 +39,7 @@ from gmts.integrations.verl.loss import objective_from_actor_config  # noqa: E40
 
 pytestmark = pytest.mark.slow
 RATIO = 0.5
-RUN_TIMEOUT_S = 900  # measured: 59-94 s a run on a shared 2-core machine (load 10-15)
+RUN_TIMEOUT_S = 900  # measured: 59-141 s a run on a shared 2-core machine (load 9-15)
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 NUMPY_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")  # the legacy trainer logs np.float64(0.5)
 
@@ -56,13 +58,24 @@ def _kill_leftovers(ray_tmp: str) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
 
 
-def _run(folder: Path, use_v1: bool, extra: tuple[str, ...] = ()) -> tuple[int, str, float]:
+GSPO = {"policy_loss.loss_mode": "gspo", "clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
+RUNS = {  # name -> (trainer.use_v1, actor overrides)
+    "v1": (True, {}),
+    "legacy": (False, {}),
+    "v1-gspo": (True, GSPO),
+}
+
+
+def _run(
+    folder: Path, use_v1: bool, actor: dict, extra: tuple[str, ...] = ()
+) -> tuple[int, str, float]:
     env = scaffold.environment(folder)
     log_path = folder / "verl.log"
+    overrides = [f"actor_rollout_ref.actor.{key}={value}" for key, value in actor.items()]
     start = time.monotonic()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            scaffold.command(folder, use_v1=use_v1, extra=list(extra)),
+            scaffold.command(folder, use_v1=use_v1, extra=[*overrides, *extra]),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -94,12 +107,15 @@ def _step_metrics(log: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def _check_minibatch(record: dict, use_v1: bool) -> None:
+def _check_minibatch(record: dict, use_v1: bool, actor: dict) -> None:
     """The recorded mini-batch: selection and loss recomputed with gmts.core."""
-    from verl.workers.config.actor import ActorConfig
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
     settings = record["settings"]
     selection = SelectionConfig(**{k: v for k, v in settings.items() if k != "score_inputs"})
+    overrides = {k: v for k, v in actor.items() if not k.startswith("policy_loss.")}
+    loss_mode = actor.get("policy_loss.loss_mode", "vanilla")
+    assert record["loss_mode"] == loss_mode  # the worker's actor ran this loss mode
     config = ActorConfig(
         strategy="fsdp2",
         rollout_n=2,
@@ -108,8 +124,12 @@ def _check_minibatch(record: dict, use_v1: bool) -> None:
         kl_loss_coef=0.05,
         kl_loss_type="low_var_kl",
         loss_agg_mode="seq-mean-token-mean",
-    )  # the run's actor settings (scaffold.command); the rest are verl's defaults
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        **overrides,
+    )  # the run's actor settings (scaffold.command and RUNS); the rest are verl's defaults
     objective = objective_from_actor_config(config)
+    if loss_mode == "gspo":
+        assert (objective.ratio_level, objective.clip_high) == ("sequence-token", 4e-4)
     inputs = record["score_inputs"]
     # the layout each trainer hands over: V1 bf16 log-probs, legacy float32
     want_dtype = torch.bfloat16 if use_v1 else torch.float32
@@ -159,11 +179,11 @@ def _check_minibatch(record: dict, use_v1: bool) -> None:
     assert any(abs(m["loss"]) > 1e-6 for m in micro), "no micro-batch carried a loss"
 
 
-@pytest.mark.parametrize("trainer", ["v1", "legacy"])
+@pytest.mark.parametrize("trainer", sorted(RUNS))
 def test_gmts_end_to_end_on_verl_main_ppo(trainer, tmp_path):
-    use_v1 = trainer == "v1"
+    use_v1, actor = RUNS[trainer]
     folder = scaffold.prepare(tmp_path / "run")
-    rc, log, seconds = _run(folder, use_v1)
+    rc, log, seconds = _run(folder, use_v1, actor)
     print(f"verl {trainer} end to end: rc={rc}, {seconds:.0f} s")
     assert rc == 0, log[-6000:]
     assert "actor loss replaced by GMTS selection" in log
@@ -176,7 +196,7 @@ def test_gmts_end_to_end_on_verl_main_ppo(trainer, tmp_path):
         assert math.isfinite(steps[step]["actor/grad_norm"])
     dumps = sorted((folder / "dump").glob("minibatch-*.pt"))
     assert len(dumps) == 1, dumps
-    _check_minibatch(torch.load(dumps[0]), use_v1)
+    _check_minibatch(torch.load(dumps[0]), use_v1, actor)
 
 
 # verl's own LoRA path (FSDP engine: peft's get_peft_model on the actor, the reference
@@ -196,7 +216,7 @@ LORA = (
 def test_gmts_with_verl_lora_end_to_end(tmp_path):
     """verl's LoRA (``lora_rank``) with GMTS on verl 0.9.1's default (V1) trainer path."""
     folder = scaffold.prepare(tmp_path / "run")
-    rc, log, seconds = _run(folder, use_v1=True, extra=LORA)
+    rc, log, seconds = _run(folder, use_v1=True, actor={}, extra=LORA)
     print(f"verl v1 + LoRA end to end: rc={rc}, {seconds:.0f} s")
     assert rc == 0, log[-6000:]
     assert "PeftModelForCausalLM contains" in log  # the actor is a peft model
@@ -212,4 +232,4 @@ def test_gmts_with_verl_lora_end_to_end(tmp_path):
     assert steps[1]["actor/kl_loss"] == 0.0 and steps[2]["actor/kl_loss"] > 0
     dumps = sorted((folder / "dump").glob("minibatch-*.pt"))
     assert len(dumps) == 1, dumps
-    _check_minibatch(torch.load(dumps[0]), use_v1=True)
+    _check_minibatch(torch.load(dumps[0]), True, {})

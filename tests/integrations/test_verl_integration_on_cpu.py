@@ -88,7 +88,12 @@ def _select(mini, answers, settings, config):
     logprobs = no_padding_2_padding(vb.model_output(answers, mini), mini)
     entropy = no_padding_2_padding(vb.model_output(answers, mini, "current_entropy"), mini)
     return prepare_selection(
-        mini, settings, objective_from_actor_config(config), logprobs=logprobs, entropy=entropy
+        mini,
+        settings,
+        objective_from_actor_config(config),
+        actor_config=config,
+        logprobs=logprobs,
+        entropy=entropy,
     )
 
 
@@ -413,19 +418,21 @@ def test_set_loss_fn_hook_swaps_verl_actor_ppo_loss_and_refuses_other_actor_loss
 
 
 def test_actor_settings_gmts_cannot_honour_raise():
+    """A few refusals on verl's ActorConfig (test_verl_loss_modes.py covers every loss mode
+    and KL type)."""
     GMTSPolicyLoss(_actor_config(loss_agg_mode="seq-mean-token-mean"), _settings())  # eq. 2
     with pytest.raises(ValueError, match="loss_agg_mode"):  # no core counterpart
         GMTSPolicyLoss(_actor_config(loss_agg_mode="seq-mean-token-sum-norm"), _settings())
-    with pytest.raises(ValueError, match="kl_loss_type"):
-        GMTSPolicyLoss(_actor_config(kl_loss_type="k1"), _settings())
-    with pytest.raises(ValueError, match="loss_mode"):
-        config = _actor_config(policy_loss=PolicyLossConfig(loss_mode="gpg"))
+    with pytest.raises(ValueError, match="kl_loss_type='full'"):
+        GMTSPolicyLoss(_actor_config(kl_loss_type="full"), _settings())
+    with pytest.raises(ValueError, match="loss_mode=clip_cov"):
+        config = _actor_config(policy_loss=PolicyLossConfig(loss_mode="clip_cov"))
         GMTSPolicyLoss(config, _settings())
-    with pytest.raises(ValueError, match="length"):  # seq-mean-token-mean needs verl's weights
-        config = _actor_config(
-            policy_loss=PolicyLossConfig(loss_mode="gpg"), loss_agg_mode="seq-mean-token-mean"
-        )
-        GMTSPolicyLoss(config, _settings(score="entropy", normalize="all"))
+    # each answer divided by its |o_i| under normalize='all': every mode zeroes through weights
+    config = _actor_config(
+        policy_loss=PolicyLossConfig(loss_mode="gpg"), loss_agg_mode="seq-mean-token-mean"
+    )
+    GMTSPolicyLoss(config, _settings(score="gmts", normalize="all"))
     with pytest.raises(ValueError, match="scope"):
         _settings(scope="group")
     with pytest.raises(ValueError, match="logit_grad_norm"):
@@ -447,6 +454,27 @@ def test_legacy_trainer_with_dapo_group_filtering_is_refused():
         plugin.check_trainer_config(_verl_config(on, "trainer.use_v1=false"))
     plugin.check_trainer_config(_verl_config(on))  # V1 (the default) filters
     plugin.check_trainer_config(_verl_config("trainer.use_v1=false"))
+
+
+def test_driver_checks_the_actor_settings_before_ray_starts():
+    """verl's composed Hydra config (a DictConfig): the workers' actor check, on the driver."""
+    clip_cov = "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"
+    with pytest.raises(ValueError, match="clip_cov removes"):
+        plugin.check_trainer_config(_verl_config(clip_cov), _settings(score="gmts"))
+    plugin.check_trainer_config(_verl_config(clip_cov), _settings(score="entropy"))
+    kl_full = [
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_type=full",
+    ]
+    with pytest.raises(ValueError, match="full next-token distributions"):
+        plugin.check_trainer_config(_verl_config(*kl_full), _settings(score="entropy"))
+    dro = "actor_rollout_ref.actor.policy_loss.loss_mode=dro"
+    with pytest.raises(ValueError, match="dro_beta"):
+        plugin.check_trainer_config(_verl_config(dro), _settings(score="entropy"))
+    plugin.check_trainer_config(
+        _verl_config(dro, "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"), _settings()
+    )
+    plugin.check_trainer_config(_verl_config(clip_cov))  # no GMTS: verl's own business
 
 
 @pytest.mark.slow
@@ -554,7 +582,7 @@ def test_when_imported_handles_submodules_of_packages(tmp_path, monkeypatch):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_verl_selection_is_global_over_data_parallel_ranks(layout, tmp_path, free_port):
     """2 gloo ranks with half a mini-batch each == one process with all of it (masks, S and
-    gradients after verl's data-parallel gradient averaging)."""
+    gradients after verl's data-parallel gradient averaging), for vanilla, geo_mean and sapo."""
     worker = Path(__file__).with_name("verl_two_rank_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [
@@ -563,15 +591,18 @@ def test_verl_selection_is_global_over_data_parallel_ranks(layout, tmp_path, fre
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    reference = ranks[0]["reference"]
-    assert ranks[0]["nested"] == (layout == "v1")
-    both = torch.cat([ranks[0]["selected"], ranks[1]["selected"]])
-    assert torch.equal(both, reference["selected"])
-    assert ranks[0]["num_selected"] == ranks[1]["num_selected"] == reference["num_selected"]
-    # FSDP averages gradients over the 2 ranks: (sum of per-rank gradients) / dp_size
-    grads = (ranks[0]["grad"] + ranks[1]["grad"]) / 2
-    torch.testing.assert_close(grads, reference["grad"], rtol=1e-6, atol=1e-9)
-    torch.testing.assert_close(
-        (ranks[0]["loss"] + ranks[1]["loss"]) / 2, reference["loss"], rtol=1e-6, atol=1e-9
-    )
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert set(results[0]) == {"vanilla", "geo_mean", "sapo"}
+    for mode in results[0]:  # the loss modes of verl_two_rank_worker.LOSS_MODES
+        ranks = [results[0][mode], results[1][mode]]
+        reference = ranks[0]["reference"]
+        assert ranks[0]["nested"] == (layout == "v1")
+        both = torch.cat([ranks[0]["selected"], ranks[1]["selected"]])
+        assert torch.equal(both, reference["selected"]), mode
+        assert ranks[0]["num_selected"] == ranks[1]["num_selected"] == reference["num_selected"]
+        # FSDP averages gradients over the 2 ranks: (sum of per-rank gradients) / dp_size
+        grads = (ranks[0]["grad"] + ranks[1]["grad"]) / 2
+        torch.testing.assert_close(grads, reference["grad"], rtol=1e-6, atol=1e-9, msg=mode)
+        torch.testing.assert_close(
+            (ranks[0]["loss"] + ranks[1]["loss"]) / 2, reference["loss"], rtol=1e-6, atol=1e-9
+        )

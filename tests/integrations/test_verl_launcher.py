@@ -67,8 +67,28 @@ def test_preset_and_bad_values():
     build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
     with pytest.raises(ValueError, match="loss_agg_mode"):  # no core counterpart
         build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"])
-    with pytest.raises(ValueError, match="loss_mode"):
-        build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"])
+    build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"])  # omega of gpg: w A
+    with pytest.raises(ValueError, match="clip_cov removes"):  # a random draw inside the loss
+        build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"])
+    build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "gmts.score=entropy"])
+    dro = "actor_rollout_ref.actor.policy_loss.loss_mode=dro"
+    with pytest.raises(ValueError, match="dro_beta"):
+        build_command([dro])
+    build_command([dro, "+actor_rollout_ref.actor.policy_loss.dro_beta=0.1"])  # nested, parsed
+    bypass = [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+        "+actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_batch_normalize=true",
+    ]
+    with pytest.raises(ValueError, match="mean 1 over each micro-batch"):
+        build_command(bypass)
+    build_command([*bypass, "gmts.score=entropy"])
+    with pytest.raises(ValueError, match="full next-token distributions"):
+        build_command(
+            [
+                "actor_rollout_ref.actor.use_kl_loss=true",
+                "actor_rollout_ref.actor.kl_loss_type=full",
+            ]
+        )
     assert main(["gmts.ratio=2.0", "--dry-run"]) == 2
 
 

@@ -55,7 +55,11 @@ class Answers:
 def make_answers(
     seed: int, groups: int = 3, n: int = 2, max_prompt: int = 5, max_response: int = 6, **kw
 ) -> Answers:
-    """``groups`` questions with ``n`` answers each, random lengths (one answer of full length)."""
+    """``groups`` questions with ``n`` answers each, random lengths (one answer of full length).
+
+    ``rollout_is_weights=True``: per-token weights in [0.5, 1.5). ``far_reference=True``: every
+    third token's reference log-prob 4 nats above the policy's (verl's low_var_kl clamps there).
+    """
     g = torch.Generator().manual_seed(seed)
     prompts, responses, old, ref, cur, ent, rewards, uids = ([] for _ in range(8))
     for q in range(groups):
@@ -78,6 +82,9 @@ def make_answers(
             ent.append(1.0 + torch.rand(total, generator=g))
             rewards.append(float(torch.rand(1, generator=g)))
             uids.append(f"q{q}")
+    if kw.get("far_reference"):
+        for row in ref:
+            row[::3] += 4.0
     weights = None
     if kw.get("rollout_is_weights"):
         weights = [0.5 + torch.rand(len(r), generator=g) for r in responses]
@@ -247,3 +254,124 @@ def model_output(answers: Answers, data, key: str = "current_logprobs", leaf=Non
     values = torch.cat([leaf[starts[i] : starts[i + 1]] for i in rows])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths[rows].cumsum(0)])
     return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared by the verl tests: an actor config, a mini-batch, the loss over micro-batches
+
+
+def actor_config(**overrides):
+    """verl's ``ActorConfig`` for the tests (clip 0.2 / 0.28, k3 KL 0.05, token-mean, vanilla);
+    ``policy_loss`` may be a dict, its ``rollout_correction`` a dict too."""
+    from verl.trainer.config import RolloutCorrectionConfig
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    policy = dict(overrides.pop("policy_loss", {}) or {})
+    if isinstance(policy.get("rollout_correction"), dict):
+        policy["rollout_correction"] = RolloutCorrectionConfig(**policy["rollout_correction"])
+    kwargs = dict(
+        strategy="fsdp",
+        rollout_n=2,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=0.2,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        loss_agg_mode="token-mean",
+        use_kl_loss=True,
+        kl_loss_coef=0.05,
+        kl_loss_type="low_var_kl",
+        entropy_coeff=0.0,
+        policy_loss=PolicyLossConfig(**policy),
+    )
+    kwargs.update(overrides)
+    return ActorConfig(**kwargs)
+
+
+def mini_batch(layout: str, seed: int, old_dtype: torch.dtype = torch.bfloat16, **answer_kw):
+    """``(answers, mini-batch)``: all answers in one actor mini-batch, shuffled by verl's
+    iterator, with the engine's info (``engine_info``). ``old_dtype``: the V1 layout's dtype of
+    ``old_log_probs`` (bf16 as V1 often stores them; the legacy layout's are float32)."""
+    answers = make_answers(seed, **answer_kw)
+    data = v1_actor_batch(answers, old_dtype) if layout == "v1" else legacy_actor_batch(answers)
+    (mini,) = mini_batches(data, len(answers), seed=seed)
+    return answers, engine_info(mini)
+
+
+def leaves(answers: Answers, requires_grad: bool = True):
+    """Flat leaves of the current log-probs and entropies over all answers' tokens."""
+    logprobs = torch.cat(answers.current_logprobs).clone().requires_grad_(requires_grad)
+    entropy = torch.cat(answers.current_entropy).clone().requires_grad_(requires_grad)
+    return logprobs, entropy
+
+
+def current_padded(answers: Answers, mini, key: str = "current_logprobs") -> torch.Tensor:
+    """``(B, R)`` current log-probs (or ``key``) of the mini-batch's rows, padded like verl."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    return no_padding_2_padding(model_output(answers, mini, key), mini)
+
+
+def select(mini, answers: Answers, settings, config):
+    """The plugin's ``prepare_selection`` with the statistics the engine's extra pass returns."""
+    from gmts.integrations.verl.loss import objective_from_actor_config, prepare_selection
+
+    objective = objective_from_actor_config(config) if settings.selection.enabled else None
+    return prepare_selection(
+        mini,
+        settings,
+        objective,
+        actor_config=config,
+        logprobs=current_padded(answers, mini),
+        entropy=current_padded(answers, mini, "current_entropy"),
+    )
+
+
+def loss_over_micro_batches(
+    loss_fn, mini, answers: Answers, flat_leaves, with_entropy: bool = False,
+    max_token_len: int | None = None, micro_batch_size: int = 2, seed: int | None = None,
+):  # fmt: skip
+    """Sum of ``loss_fn(model_output, micro)`` over verl's micro-batches (dynamic sizes
+    regroup and reorder rows), back-propagated into ``flat_leaves``: ``(loss, grads,
+    last metrics)``. ``seed``: the global RNG seed set first (clip_cov draws from it)."""
+    for leaf in flat_leaves:
+        leaf.grad = None
+    if seed is not None:
+        torch.manual_seed(seed)
+    total = torch.zeros(())
+    metrics = {}
+    for micro in micro_batches(mini, max_token_len, micro_batch_size):
+        output = {"log_probs": model_output(answers, micro, leaf=flat_leaves[0])}
+        if with_entropy:
+            output["entropy"] = model_output(answers, micro, "current_entropy", flat_leaves[1])
+        loss, metrics = loss_fn(output, micro)
+        loss.backward()
+        total = total + loss.detach()
+    grads = [leaf.grad.clone() for leaf in flat_leaves[: 2 if with_entropy else 1]]
+    return total, grads, metrics
+
+
+def flat_to_padded(answers: Answers, mini, flat: torch.Tensor) -> torch.Tensor:
+    """A flat per-token tensor over all answers (e.g. a leaf's gradient) as ``(B, R)`` of the
+    mini-batch's rows (the engine's shift by one, as ``no_padding_2_padding`` does)."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    return no_padding_2_padding(model_output(answers, mini, leaf=flat), mini)
+
+
+def padded_to_flat(answers: Answers, mini):
+    """``(B, R) -> flat``: a differentiable map from padded current log-probs of the
+    mini-batch's rows back into the engine's flat layout (prompt positions keep the answers'
+    current log-probs), for ``gmts.loss_omega`` of a verl loss."""
+    base = torch.cat(answers.current_logprobs)
+    index = flat_to_padded(answers, mini, torch.arange(len(base), dtype=torch.float64)).long()
+    mask = padded_response_mask(mini)
+
+    def to_flat(padded: torch.Tensor) -> torch.Tensor:
+        return base.detach().clone().index_put((index[mask],), padded[mask])
+
+    return to_flat
+
+
+def padded_response_mask(data) -> torch.Tensor:
+    """``(B, R)`` bool response mask of ``data`` (padded like verl's ``ppo_loss``)."""
+    return data.select("response_mask").to_padded_tensor()["response_mask"].bool()

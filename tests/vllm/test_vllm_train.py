@@ -216,7 +216,9 @@ def test_lora_syncs_the_merged_weights(tmp_path):
     gaps = _steps(tmp_path / "lora", "rollout/logprob_gap_max")
     assert max(gaps) <= GAP_FP32, gaps
     assert all(s > 0 for s in _steps(tmp_path / "lora", "time/weight_sync_s"))
-    _run(*common, f"logging.output_dir={tmp_path / 'stale'}", env={**ENV, "GMTS_TEST_SKIP_SYNC": "1"})
+    _run(
+        *common, f"logging.output_dir={tmp_path / 'stale'}", env={**ENV, "GMTS_TEST_SKIP_SYNC": "1"}
+    )
     stale = _steps(tmp_path / "stale", "rollout/logprob_gap_max")
     assert min(stale[1:]) > 1e-3, stale
 

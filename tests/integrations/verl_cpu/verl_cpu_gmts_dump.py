@@ -9,7 +9,9 @@ mini-batch this worker trains on:
   mini-batch's padded response fields and ``gmts_selected`` (the selection's inputs and output);
 - ``micro``: per micro-batch, its padded fields, ``gmts_selected``, the training forward's
   log-probs ``(b, R)`` and the loss value the engine back-propagated;
-- ``num_selected``, ``batch_num_tokens``, ``dp_size``: the divisors' inputs.
+- ``num_selected``, ``batch_num_tokens``, ``dp_size``: the divisors' inputs;
+- ``settings`` and ``loss_mode``: the worker's GMTS settings and its actor's
+  ``policy_loss.loss_mode``.
 
 The test recomputes selection and loss from these with ``gmts.core``. Not product code.
 """
@@ -60,6 +62,7 @@ def prepare_mini_batch(self: Any, engine: Any, data: Any) -> Any:
     if "score_inputs" not in _record:
         _record["score_inputs"] = {**_record.pop("pending", {}), **_fields(data)}
         _record["settings"] = self.settings.to_dict()
+        _record["loss_mode"] = str(self.config.policy_loss.loss_mode)  # the worker's own
         _record["num_selected"] = tu.get_non_tensor_data(data, gmts_loss.NUM_SELECTED_KEY, None)
         _record["micro"] = []
         _record["recording"] = True

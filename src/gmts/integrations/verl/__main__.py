@@ -107,19 +107,27 @@ def build_command(argv: Sequence[str]) -> tuple[GMTSVerlSettings, str, list[str]
 
 def _check_overrides(settings: GMTSVerlSettings, overrides: list[str]) -> None:
     """Fail before Ray starts on actor settings the worker-side loss would reject anyway (the
-    same check, :func:`~gmts.integrations.verl.loss.check_actor_config`, on the overrides)."""
-    from gmts.integrations.verl.loss import check_actor_config
+    same check, :func:`~gmts.integrations.verl.loss_modes.check_actor_config`, on the
+    ``actor_rollout_ref.actor.*`` overrides as a nested dict, values parsed as YAML; verl's
+    defaults for the rest). verl's own config check repeats it on the composed config."""
+    from gmts.configuration import parse_value
+    from gmts.integrations.verl.loss_modes import check_actor_config
 
     prefix = "actor_rollout_ref.actor."
-    values = {_override_key(o): o.split("=", 1)[1] for o in overrides if "=" in o}
-    actor = {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
-    config = {  # verl's defaults where the overrides say nothing
-        "loss_agg_mode": actor.get("loss_agg_mode", "token-mean"),
-        "policy_loss": {"loss_mode": actor.get("policy_loss.loss_mode", "vanilla")},
-        "use_kl_loss": actor.get("use_kl_loss", "false").strip().lower() == "true",
-        "kl_loss_type": actor.get("kl_loss_type", "low_var_kl"),
-    }
-    check_actor_config(config, settings)
+    actor: dict[str, Any] = {}
+    for item in overrides:
+        key = _override_key(item)
+        if "=" not in item or not key.startswith(prefix) or item.startswith("~"):
+            continue
+        *parents, name = key[len(prefix) :].split(".")
+        node = actor
+        for parent in parents:
+            node = node.setdefault(parent, {})
+            if not isinstance(node, dict):  # a whole section replaced by a value: verl decides
+                break
+        else:
+            node[name] = parse_value(item.split("=", 1)[1])
+    check_actor_config(actor, settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

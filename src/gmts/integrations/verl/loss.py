@@ -22,132 +22,62 @@ gives padded ``(B, R)`` tensors, R = the longest response of the (mini- or micro
    ``score_inputs='current'`` runs one extra no-grad forward pass with the parameters about to
    be updated (exact r, I(r, A), KL and entropy for every mini-batch); ``'rollout'`` uses
    ``old_log_probs`` (r = 1);
-2. omega from verl's own objective: clip_ratio_low/high, the dual clip clip_ratio_c, with
-   ``use_kl_loss`` k3 (``low_var_kl``) with ``kl_loss_coef`` clamped at 10 as verl does, and
-   verl's rollout-correction weights w (``rollout_is_weights``, which verl multiplies into the
-   per-token policy loss): the policy part of omega is w * r * A * I(r, A);
+2. omega of verl's own objective: ``actor.policy_loss.loss_mode`` and ``kl_loss_type`` as the
+   matching core objective (:mod:`~gmts.integrations.verl.loss_modes`), with the importance
+   weights that loss applies (verl's ``rollout_is_weights``; for ``bypass_mode`` the IS weights
+   and rejections verl computes inside its loss) folded in by the core;
 3. exactly k = ceil(ratio * N) tokens selected over the mini-batch of all data-parallel ranks
    (the core's ``select_for_update`` with the engine's DP group); the mask is stored per row as
    ``data["gmts_selected"]`` in the layout of ``response_mask`` (jagged nested when that is
    nested, padded otherwise), so it follows the rows through verl's micro-batching and
    reordering, and the global selected count S as ``gmts_num_selected``.
 
-The loss is verl's own policy loss (``actor.policy_loss.loss_mode``, vanilla for omega-based
-scores) on the selected tokens, aggregated and divided by the core's rule
-(``gmts.core.loss.LossConfig``: its ``aggregation`` and ``denominators`` on the mini-batch's
-global ``TokenSums``, computed once in :func:`prepare_selection`): ``normalize='selected'`` is
-eq. 2, a token-mean over S whatever verl's ``loss_agg_mode``; ``normalize='all'`` keeps verl's
-aggregation counting every valid token (N for token-mean; per answer |o_i|, then the rows, for
-seq-mean-token-mean). The KL loss covers the selected tokens (``kl_tokens='selected'``) or all
-valid tokens (``'all'``), with the core's KL divisor. The entropy bonus stays verl's (all
-tokens, verl's divisor).
+The loss is verl's own policy loss function (its ``loss_mode``) on the full response mask with
+the unselected tokens' loss zeroed (:mod:`~gmts.integrations.verl.terms`), aggregated and
+divided by the core's rule (``gmts.core.loss.LossConfig``: its ``aggregation`` and
+``denominators`` on the mini-batch's global ``TokenSums``, computed once in
+:func:`prepare_selection`): ``normalize='selected'`` is eq. 2, a token-mean over S whatever
+verl's ``loss_agg_mode``; ``normalize='all'`` keeps verl's aggregation counting every valid
+token (N for token-mean; per answer |o_i|, then the rows, for seq-mean-token-mean). The KL loss
+(verl's ``kl_penalty``) covers the selected tokens (``kl_tokens='selected'``) or all valid
+tokens (``'all'``), with the core's KL divisor. The entropy bonus stays verl's (all tokens,
+verl's divisor). Without a selection (score='none') the loss is verl's ``ppo_loss`` itself.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from gmts.core.aggregation import Aggregation, get_aggregation
 from gmts.core.loss import LossConfig, TokenSums
 from gmts.core.objectives import ObjectiveConfig
-from gmts.core.scores import score_requirements
 from gmts.core.step import select_for_update
+from gmts.integrations.verl.actor_config import VERL_AGGREGATIONS, loss_mode_name
+from gmts.integrations.verl.loss_modes import (
+    check_actor_config,
+    get_loss_mode,
+    objective_from_actor_config,
+)
 from gmts.integrations.verl.settings import GMTSVerlSettings
+from gmts.integrations.verl.terms import MicroBatch
 
 __all__ = [
     "GMTSPolicyLoss",
+    "SELECTED_KEY",
+    "VERL_AGGREGATIONS",
+    "check_actor_config",
+    "gmts_ppo_loss",
     "objective_from_actor_config",
     "prepare_selection",
-    "gmts_ppo_loss",
-    "SELECTED_KEY",
 ]
 
 SELECTED_KEY = "gmts_selected"
 NUM_SELECTED_KEY = "gmts_num_selected"
 THRESHOLD_KEY = "gmts_threshold"
 DIVISORS_KEY = "gmts_divisors"  # (policy, KL) from the core's LossConfig.denominators
-_K3_TYPES = ("low_var_kl", "k3")
-_VERL_K3_CLAMP = 10.0  # verl clamps the k3 estimate to [-10, 10]
-# verl's loss_agg_mode values the core's aggregations cover (same names, same meaning)
-VERL_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-# verl policy losses that multiply the per-token loss by rollout_is_weights before aggregating
-# (checked in verl 0.9.1's core_algos.compute_policy_loss_vanilla)
-_WEIGHTING_LOSS_MODES = ("vanilla",)
-
-
-def _cfg(config: Any, name: str, default: Any = None) -> Any:
-    """Read a field of verl's ActorConfig (a dataclass with a dict-like ``get``) or a dict."""
-    if isinstance(config, dict):
-        return config.get(name, default)
-    return getattr(config, name, default)
-
-
-def _loss_mode(config: Any) -> str:
-    policy_loss_cfg = _cfg(config, "policy_loss", None)
-    if policy_loss_cfg is None:
-        return "vanilla"
-    return str(_cfg(policy_loss_cfg, "loss_mode", "vanilla") or "vanilla")
-
-
-def objective_from_actor_config(config: Any) -> ObjectiveConfig:
-    """verl's actor objective as a core ``ObjectiveConfig`` (what omega must differentiate)."""
-    clip = _cfg(config, "clip_ratio", 0.2)
-    low = _cfg(config, "clip_ratio_low", None)
-    high = _cfg(config, "clip_ratio_high", None)
-    use_kl = bool(_cfg(config, "use_kl_loss", False))
-    kl_type = str(_cfg(config, "kl_loss_type", "low_var_kl"))
-    return ObjectiveConfig(
-        clip_low=float(clip if low is None else low),
-        clip_high=float(clip if high is None else high),
-        dual_clip=float(_cfg(config, "clip_ratio_c", 3.0)),
-        kl_coef=float(_cfg(config, "kl_loss_coef", 0.0)) if use_kl else 0.0,
-        kl_ratio_correction=False,
-        kl_clamp=_VERL_K3_CLAMP if use_kl and kl_type in _K3_TYPES else None,
-        aggregation=_core_aggregation(str(_cfg(config, "loss_agg_mode", "token-mean"))),
-    )
-
-
-def _core_aggregation(loss_agg_mode: str) -> str:
-    """The core aggregation of a verl ``loss_agg_mode`` (same name where the core has it)."""
-    if loss_agg_mode not in VERL_AGGREGATIONS:
-        raise ValueError(
-            f"loss_agg_mode={loss_agg_mode!r}: GMTS covers verl's {list(VERL_AGGREGATIONS)}"
-        )
-    return loss_agg_mode
-
-
-def check_actor_config(config: Any, settings: GMTSVerlSettings) -> None:
-    """Raise ``ValueError`` for verl actor settings GMTS cannot honour."""
-    problems = []
-    selection = settings.selection
-    needs_omega = selection.enabled and "omega" in score_requirements(selection.score)
-    mode = _loss_mode(config)
-    if needs_omega and mode != "vanilla":
-        problems.append(
-            f"policy_loss.loss_mode={mode!r}: omega-based scores assume verl's "
-            "vanilla clipped objective; use loss_mode=vanilla or score=entropy/random"
-        )
-    kl_type = str(_cfg(config, "kl_loss_type", "low_var_kl"))
-    if needs_omega and _cfg(config, "use_kl_loss", False) and kl_type not in _K3_TYPES:
-        problems.append(f"kl_loss_type={kl_type!r}: omega covers the k3 KL only (low_var_kl / k3)")
-    agg = str(_cfg(config, "loss_agg_mode", "token-mean"))
-    if agg not in VERL_AGGREGATIONS:
-        problems.append(f"loss_agg_mode={agg!r}: GMTS covers verl's {list(VERL_AGGREGATIONS)}")
-    row_mean = agg in VERL_AGGREGATIONS and get_aggregation(agg).row_mean
-    applied = selection.normalize == "all" and row_mean  # else eq. 2's token-mean
-    if selection.enabled and applied and mode not in _WEIGHTING_LOSS_MODES:
-        problems.append(
-            f"loss_agg_mode={agg!r} with policy_loss.loss_mode={mode!r}: each answer is divided "
-            "by its own length |o_i|, so the unselected tokens' loss must be zeroed by weights, "
-            f"which only {list(_WEIGHTING_LOSS_MODES)} is known to apply per token"
-        )
-    if problems:
-        raise ValueError(
-            "GMTS cannot honour these verl actor settings:\n- " + "\n- ".join(problems)
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,6 +117,7 @@ def prepare_selection(
     settings: GMTSVerlSettings,
     objective: ObjectiveConfig,
     *,
+    actor_config: Any = None,
     logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     process_group: Any = None,
@@ -198,6 +129,11 @@ def prepare_selection(
         data: verl ``TensorDict`` with ``response_mask``, ``old_log_probs``, ``advantages``,
             (for a KL objective) ``ref_log_prob`` and optionally ``rollout_is_weights``, each
             padded ``(B, R)`` (legacy trainer) or jagged nested ``(B, j)`` (V1 trainer).
+        objective: the core objective omega differentiates
+            (:func:`objective_from_actor_config`).
+        actor_config: verl's actor config; its loss mode decides the importance weights folded
+            into omega (bypass_mode computes its own). None: the batch's
+            ``rollout_is_weights``, as every loss mode but bypass_mode applies them.
         logprobs, entropy: ``(B, R)`` current-policy statistics from the extra pass, or None
             (rollout inputs: logprobs = old_log_probs, so r = 1). R must be the padded width of
             the response fields (verl's ``no_padding_2_padding`` gives it).
@@ -222,13 +158,11 @@ def prepare_selection(
     width = response_mask.shape[1]
     old_logprobs = fields["old_log_probs"].to(device).float()  # (B, R)
     advantages = fields["advantages"].to(device).float()  # (B, R)
+    batch_weights = None
     if "rollout_is_weights" in fields:
-        # verl multiplies the per-token policy loss by w >= 0; its omega is w * r A I(r, A),
-        # which is r (w A) I(r, w A) since w > 0 keeps the sign of A (w = 0: both are 0)
-        weights = fields["rollout_is_weights"].to(device).float()  # (B, R)
-        if bool((weights[response_mask] < 0).any()):
+        batch_weights = fields["rollout_is_weights"].to(device).float()  # (B, R)
+        if bool((batch_weights[response_mask] < 0).any()):
             raise ValueError("rollout_is_weights has negative entries; GMTS needs weights >= 0")
-        advantages = advantages * weights
     ref_logprobs = None
     if objective.kl_coef > 0:
         ref_logprobs = fields["ref_log_prob"].to(device).float()
@@ -239,6 +173,12 @@ def prepare_selection(
                 f"fields {(response_mask.shape[0], width)}"
             )
     current = old_logprobs if logprobs is None else logprobs.to(device).float()
+    importance_weights = batch_weights
+    if settings.needs_omega and actor_config is not None:  # the weights verl's loss applies
+        mode = get_loss_mode(loss_mode_name(actor_config))
+        importance_weights = mode.importance_weights(
+            actor_config, current, old_logprobs, response_mask, batch_weights
+        )
     result = select_for_update(
         settings.selection,
         objective,
@@ -250,6 +190,7 @@ def prepare_selection(
         ref_logprobs=ref_logprobs,
         process_group=process_group,
         step=step,
+        importance_weights=importance_weights,
     )
     selected = response_mask if result.selected is None else result.selected & response_mask
     counts = TokenSums.count(response_mask, selected).all_reduce(process_group)
@@ -302,15 +243,23 @@ def gmts_ppo_loss(
         ``(loss, metrics)`` like ``ppo_loss``; loss is scaled so that summing it over
         micro-batches and averaging gradients over DP ranks gives the mini-batch loss.
 
-    Only the selected tokens carry policy (and, with ``kl_tokens='selected'``, KL) loss. Token
-    sums: verl's policy loss on the mask ``response_mask & gmts_selected``; for a row-mean
-    aggregation (seq-mean-token-mean with ``normalize='all'``), whose per-answer divisor |o_i|
-    counts the whole answer, the full ``response_mask`` with the unselected tokens' loss zeroed
-    (a 0/1 factor in verl's per-token ``rollout_is_weights``). Aggregation and divisors: the
-    core's (``gmts_divisors`` from :func:`prepare_selection`), passed to verl in the slot its
-    aggregation divides by (``batch_num_tokens`` for tokens, ``global_batch_size`` for rows).
+    Only the selected tokens carry policy (and, with ``kl_tokens='selected'``, KL) loss: verl's
+    own policy loss function of ``policy_loss.loss_mode`` runs on the full response mask with
+    the unselected tokens' loss zeroed (:mod:`~gmts.integrations.verl.terms`), divided by the
+    core's divisor (``gmts_divisors`` from :func:`prepare_selection`). Without a selection
+    (score='none', or a forward-only evaluation of the loss) this is verl's ``ppo_loss``.
     """
-    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+    if SELECTED_KEY not in data:
+        if not settings.selection.enabled or not torch.is_grad_enabled():
+            # nothing is trained on a selection: the loss is verl's own over every valid token
+            from verl.workers.utils.losses import ppo_loss
+
+            return ppo_loss(config, model_output, data, dp_group)
+        raise ValueError(
+            f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
+            "mini-batch (is the gmts verl plugin registered in this worker process?)"
+        )
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
     from verl.utils import tensordict_utils as tu
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.padding import no_padding_2_padding
@@ -327,40 +276,37 @@ def gmts_ppo_loss(
     num_selected = tu.get_non_tensor_data(data=data, key=NUM_SELECTED_KEY, default=None)
     divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
     threshold = tu.get_non_tensor_data(data=data, key=THRESHOLD_KEY, default=math.nan)
+    if divisors is None:
+        raise ValueError(f"micro-batch has no {DIVISORS_KEY!r} (see prepare_selection)")
 
-    wanted = ["response_mask", "old_log_probs", "advantages"]
-    wanted += [k for k in ("rollout_is_weights", "ref_log_prob", SELECTED_KEY) if k in data]
+    wanted = ["response_mask", "old_log_probs", "advantages", SELECTED_KEY]
+    wanted += [k for k in ("rollout_is_weights", "ref_log_prob") if k in data]
     fields = padded_response_fields(data, wanted)
     response_mask = fields["response_mask"].bool()  # (B, R)
+    selected = fields[SELECTED_KEY].bool() & response_mask
     info = {
         "dp_size": dp_size,
         "batch_num_tokens": batch_num_tokens,
         "global_batch_size": global_batch_size,
         "loss_scale_factor": config.loss_scale_factor,
     }
-    if SELECTED_KEY in fields:
-        if divisors is None:
-            raise ValueError(f"micro-batch has no {DIVISORS_KEY!r} (see prepare_selection)")
-        selected = fields[SELECTED_KEY].bool() & response_mask
-        # the core's rule: eq. 2's token-mean over S, or the objective's own aggregation
-        loss_config = LossConfig.of(objective_from_actor_config(config), selection)
-        aggregation = loss_config.aggregation(selection=True)
-        policy_info = _with_divisor(info, aggregation, divisors[0])
-        kl_info = _with_divisor(info, aggregation, divisors[1])
-        kl_carriers = selected if selection.kl_tokens == "selected" else response_mask
-    elif not selection.enabled or not torch.is_grad_enabled():
-        # no selection, or a forward-only evaluation of the loss (infer_batch with
-        # compute_loss): nothing is trained, so the loss is verl's over every valid token
-        selected = kl_carriers = response_mask
-        aggregation = get_aggregation(_core_aggregation(config.loss_agg_mode))
-        policy_info = kl_info = info
-        num_selected = batch_num_tokens
-    else:
-        raise ValueError(
-            f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
-            "mini-batch (is the gmts verl plugin registered in this worker process?)"
-        )
-
+    # the core's rule: eq. 2's token-mean over S, or the objective's own aggregation
+    aggregation = LossConfig.of(objective_from_actor_config(config), selection).aggregation(
+        selection=True
+    )
+    micro = MicroBatch(
+        config=config,
+        log_prob=log_prob,
+        old_log_prob=fields["old_log_probs"],
+        advantages=fields["advantages"],
+        response_mask=response_mask,
+        keep=selected.to(log_prob.dtype),
+        rollout_is_weights=fields.get("rollout_is_weights", None),
+        aggregation=aggregation,
+        divisor=divisors[0],
+        normalize=selection.normalize,
+        info=info,
+    )
     uses_global_info = (
         dp_size > 1
         or batch_num_tokens is not None
@@ -368,25 +314,7 @@ def gmts_ppo_loss(
         or config.loss_scale_factor is not None
     )
     metric_aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
-    weights = fields.get("rollout_is_weights", None)
-    policy_mask = selected
-    if aggregation.row_mean:
-        # each answer divided by its length |o_i|: full mask, unselected tokens' loss zeroed
-        policy_mask = response_mask
-        keep = selected.to(log_prob.dtype)  # (B, R)
-        weights = keep if weights is None else weights * keep
-    # verl's policy loss functions aggregate with config.global_batch_info
-    config.global_batch_info.update(policy_info)
-    policy_loss_fn = get_policy_loss_fn(_loss_mode(config))
-    pg_loss, pg_metrics = policy_loss_fn(
-        old_log_prob=fields["old_log_probs"],
-        log_prob=log_prob,
-        advantages=fields["advantages"],
-        response_mask=policy_mask,
-        loss_agg_mode=aggregation.name,
-        config=config,
-        rollout_is_weights=weights,
-    )
+    pg_loss, pg_metrics = get_loss_mode(loss_mode_name(config)).policy_term(micro)
     metrics: dict[str, Any] = dict(Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN))
     metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)
     loss = pg_loss
@@ -402,7 +330,9 @@ def gmts_ppo_loss(
         kld = kl_penalty(
             logprob=log_prob, ref_logprob=fields["ref_log_prob"], kl_penalty=config.kl_loss_type
         )  # (B, R)
+        kl_carriers = selected if selection.kl_tokens == "selected" else response_mask
         kld = torch.where(kl_carriers, kld, torch.zeros_like(kld))  # counted over the answer
+        kl_info = replace(micro, divisor=divisors[1]).verl_info(aggregation)
         kl_loss = agg_loss(
             loss_mat=kld, loss_mask=response_mask, loss_agg_mode=aggregation.name, **kl_info
         )
@@ -410,19 +340,10 @@ def gmts_ppo_loss(
         metrics["kl_loss"] = Metric(value=kl_loss, aggregation=metric_aggregation)
         metrics["kl_coef"] = config.kl_loss_coef
 
-    if selection.enabled and batch_num_tokens:
+    if batch_num_tokens:
         metrics["gmts/selected_fraction"] = float(num_selected or 0) / float(batch_num_tokens)
         metrics["gmts/score_threshold"] = float(threshold)
     return loss, metrics
-
-
-def _with_divisor(info: dict[str, Any], aggregation: Aggregation, divisor: float) -> dict:
-    """verl's aggregation arguments with the core's divisor in the slot verl divides by."""
-    if aggregation.divisor == "tokens":
-        return {**info, "batch_num_tokens": divisor}
-    if aggregation.divisor == "rows":
-        return {**info, "global_batch_size": divisor}
-    raise ValueError(f"aggregation {aggregation.name!r} has no verl counterpart")
 
 
 class GMTSPolicyLoss:
@@ -439,7 +360,8 @@ class GMTSPolicyLoss:
         check_actor_config(config, settings)
         self.config = config
         self.settings = settings
-        self.objective = objective_from_actor_config(config)
+        # the core objective omega differentiates (None without a selection: verl's own loss)
+        self.objective = objective_from_actor_config(config) if settings.selection.enabled else None
         self.steps = 0
 
     def __call__(
@@ -459,6 +381,7 @@ class GMTSPolicyLoss:
             data,
             self.settings,
             self.objective,
+            actor_config=self.config,
             logprobs=logprobs,
             entropy=entropy,
             process_group=group,

@@ -188,14 +188,24 @@ def patch_base_engine(module: ModuleType) -> None:
     cls.train_batch = train_batch
 
 
-def check_trainer_config(config: Any) -> None:
-    """Raise ``ValueError`` for a verl trainer config that would silently not do what it says.
+def check_trainer_config(config: Any, settings: Any = None) -> None:
+    """Raise ``ValueError`` for a verl trainer config that would silently not do what it says,
+    or whose actor settings GMTS cannot honour.
 
     DAPO's dynamic sampling (``algorithm.filter_groups.enable=true``) exists only in verl 0.9's
     V1 trainer (``verl/trainer/ppo/v1/trainer_base.py`` builds its replay buffer with the group
     filter); the legacy trainer (``trainer.use_v1=false``, ``main_ppo_v0`` / ``ray_trainer.py``)
-    never reads ``filter_groups``, so the run would train on unfiltered groups.
+    never reads ``filter_groups``, so the run would train on unfiltered groups. With
+    ``settings`` (``GMTSVerlSettings``), the actor config (``actor_rollout_ref.actor``) gets the
+    workers' own check, :func:`~gmts.integrations.verl.loss_modes.check_actor_config`, here on
+    the driver before Ray starts.
     """
+    if settings is not None:
+        from gmts.integrations.verl.loss_modes import check_actor_config
+
+        actor = (config.get("actor_rollout_ref", {}) or {}).get("actor", None)
+        if actor is not None:
+            check_actor_config(actor, settings)
     trainer = config.get("trainer", {}) or {}
     algorithm = config.get("algorithm", {}) or {}
     filter_groups = algorithm.get("filter_groups", None) or {}
@@ -220,8 +230,9 @@ def patch_validate_config(module: ModuleType) -> None:
     def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
         from gmts.integrations.verl.settings import GMTSVerlSettings
 
-        if GMTSVerlSettings.from_env() is not None:
-            check_trainer_config(config)
+        settings = GMTSVerlSettings.from_env()
+        if settings is not None:
+            check_trainer_config(config, settings)
         return original(config, *args, **kwargs)
 
     setattr(validate_config, _PATCH_MARK, True)

@@ -90,6 +90,11 @@ class GMTSVerlSettings:
                 "over data-parallel ranks and mini-batches; use 'batch' or 'sequence'"
             )
 
+    @property
+    def needs_omega(self) -> bool:
+        """Whether the selection's score reads omega (gmts, omega)."""
+        return self.selection.enabled and "omega" in score_requirements(self.selection.score)
+
     # ------------------------------------------------------------------ (de)serialisation
 
     def to_dict(self) -> dict[str, Any]:
