@@ -52,10 +52,18 @@ def tiny_bench_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-QUICK_CASES = [  # the learning sweep's quick path trains 2 runs in subprocesses: 15-50 s
-    pytest.param(name, marks=pytest.mark.slow) if name == "learning" else name
-    for name in bench_run.BENCHMARKS
-]
+def _marks(name: str) -> list:
+    if name == "learning":  # its quick path trains 2 runs in subprocesses: 15-50 s
+        return [pytest.mark.slow]
+    if name == "rollout":  # hf vs vllm: needs vllm (tests/vllm/test_vllm_bench.py runs it there)
+        import importlib.util
+
+        missing = importlib.util.find_spec("vllm") is None
+        return [pytest.mark.skipif(missing, reason="vllm is installed in .venv-vllm only")]
+    return []
+
+
+QUICK_CASES = [pytest.param(name, marks=_marks(name)) for name in bench_run.BENCHMARKS]
 
 
 @pytest.mark.parametrize("name", QUICK_CASES)

@@ -75,7 +75,7 @@ def _trainer_must_not_load(monkeypatch, cfg):
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded before the error")
 
-    monkeypatch.setattr(trainer_module, "load_model", no_load)
+    monkeypatch.setattr(trainer_module, "load_policy", no_load)  # the weights (train.policy)
     monkeypatch.setattr(trainer_module, "resolve_model_path", no_load)
     return trainer_module.Trainer(cfg)
 
