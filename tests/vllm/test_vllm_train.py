@@ -197,6 +197,29 @@ def test_sigkill_and_resume_samples_the_same(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(straight), weights(killed)))
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_correction_runs_with_the_real_engine(tmp_path, level):
+    """rollout.correction with vLLM's own log-probs: the weights min(pi_old/pi_engine, C) are
+    logged and applied (their math and omega: tests/train/test_rollout_correction.py). In
+    float32 the engine matches the trainer to ~1e-5, so the weights are ~1 here; bf16 engines
+    are where they matter."""
+    model = save_vllm_tiny_model(tmp_path / "model")
+    _run(
+        "--partial-credit",
+        *TINY,
+        f"model.path={model}",
+        "rollout.engine=vllm",
+        f"rollout.correction={level}",
+        "rollout.correction_cap=2.0",
+        "optim.steps=2",
+        f"logging.output_dir={tmp_path / 'run'}",
+    )
+    for row in read_metrics(tmp_path / "run"):
+        assert abs(row["rollout/is_weight_mean"] - 1.0) < 1e-3, row
+        assert row["rollout/is_weight_capped_fraction"] == 0.0
+        assert row["update/skipped_nonfinite"] == 0
+
+
 def test_lora_syncs_the_merged_weights(tmp_path):
     """model.lora with the vLLM engine: the engine holds W + s B A, sent merged before every
     rollout. With the sync the gap stays within 1e-4 while the adapters move the policy; with

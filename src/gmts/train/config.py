@@ -203,6 +203,16 @@ class RolloutConfig:
     vllm: VLLMConfig = _f(
         help="The vLLM engine (rollout.engine=vllm only).", default_factory=VLLMConfig
     )
+    correction: Literal["none", "token", "sequence"] = _f(
+        "none",
+        "Rollout correction (rollout.engine=vllm): weight each token's policy term by the "
+        "truncated importance ratio min(pi_old/pi_engine, correction_cap), per token or per "
+        "answer (the product over its tokens), as verl's rollout_is and TRL's vLLM "
+        "token_truncate / sequence_truncate; folded into omega. none: off.",
+    )
+    correction_cap: float = _f(
+        2.0, "C of rollout.correction (verl's rollout_is_threshold default: 2.0)."
+    )
 
     def __post_init__(self) -> None:
         from gmts.train.engines import available_engines
@@ -229,6 +239,17 @@ class RolloutConfig:
         _check(self.max_sampling_rounds >= 1, "rollout.max_sampling_rounds", "must be >= 1")
         _check(self.overlong_buffer >= 0, "rollout.overlong_buffer", "must be >= 0")
         _check(self.overlong_penalty >= 0, "rollout.overlong_penalty", "must be >= 0")
+        _check(
+            self.correction_cap > 0,
+            "rollout.correction_cap",
+            f"must be > 0, got {self.correction_cap}",
+        )
+        _check(
+            self.correction == "none" or self.engine != "hf",
+            "rollout.correction",
+            "needs a separate inference engine (rollout.engine=vllm): the hf engine samples with "
+            "the policy itself, so there is nothing to correct",
+        )
 
 
 @dataclass

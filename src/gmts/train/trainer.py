@@ -61,6 +61,7 @@ from gmts.train import checkpoint as ckpt
 from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, dump_yaml
+from gmts.train.correction import RolloutCorrection
 from gmts.train.engines import EngineInputs, check_engine, logprob_gap_metrics, make_engine
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import load_policy
@@ -227,6 +228,7 @@ class Trainer:
             autocast=self.strategy.autocast,
         )
         self.loss = LossConfig.of(cfg.objective, cfg.selection, horizon=self.max_new_tokens)
+        self.correction = RolloutCorrection(r.correction, r.correction_cap)
         self.rows_per_minibatch = cfg.mini_batch_questions // world * r.group_size
         rows_per_rank = r.questions_per_batch // world * r.group_size
         # One update per rollout on one micro-batch: the loss's own forward can give the old
@@ -408,6 +410,7 @@ class Trainer:
                 grad_clip=cfg.optim.grad_clip,
                 strategy=self.strategy,
                 step=opt_step,
+                correction=self.correction,
             )
             updates.append(result)
             self._advance_schedule()
@@ -446,6 +449,7 @@ class Trainer:
                             micro_batch_size=micro,
                             info=self.info,
                             step=opt_step,
+                            correction=self.correction,
                         )
                         overlaps += self._overlap(minibatch, current, selected, opt_step)
                     # one global divisor, micro-batched backward, one optimizer step
@@ -460,6 +464,7 @@ class Trainer:
                             micro_batch_size=micro,
                             grad_clip=cfg.optim.grad_clip,
                             strategy=self.strategy,
+                            correction=self.correction,
                         )
                     )
                     self._advance_schedule()
@@ -486,6 +491,7 @@ class Trainer:
             micro_batch_size=self.cfg.optim.micro_batch_size,
             info=self.info,
             step=opt_step,
+            correction=self.correction,
         )
         return [] if overlap is None else [overlap]
 
@@ -493,6 +499,24 @@ class Trainer:
         with warnings.catch_warnings():  # a skipped (non-finite) step still advances
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
+
+    def _correction_metrics(self, batch: ScoredBatch) -> dict[str, float]:
+        """``rollout/is_weight_mean`` and ``rollout/is_weight_capped_fraction`` over every
+        rank's valid tokens (the rollout policy's weights; {} without a correction)."""
+        if not self.correction.enabled:
+            return {}
+        mask = batch.response_mask
+        weights = self.correction.weights(batch.old_logprobs, batch.engine_logprobs, mask)
+        sums = self.correction.metrics(weights, mask)
+        total = all_reduce_sum(
+            torch.tensor([sums["sum"], sums["capped"], sums["tokens"]], dtype=torch.float64),
+            self.info.group,
+        ).tolist()
+        tokens = max(total[2], 1.0)
+        return {
+            "rollout/is_weight_mean": total[0] / tokens,
+            "rollout/is_weight_capped_fraction": total[1] / tokens,
+        }
 
     def _metrics(
         self,
@@ -512,6 +536,7 @@ class Trainer:
         )
         metrics["policy/entropy"] = (entropy[0] / entropy[1].clamp_min(1)).item()
         metrics.update(logprob_gap_metrics(batch, self.info))  # {} unless the engine records them
+        metrics.update(self._correction_metrics(batch))
         metrics.update(self.rollout_engine.metrics())
         metrics.update(update_metrics(updates))
         if overlaps:

@@ -33,6 +33,7 @@ from gmts.core.step import select_for_update
 from gmts.scale.distributed import DistInfo
 from gmts.scale.strategy import Strategy
 from gmts.train.batch import ScoredBatch, TrainBatch
+from gmts.train.correction import RolloutCorrection
 from gmts.train.scoring import TokenScorer, micro_slices, needs_logit_grad_norm
 
 OVERLAP_PARTNER = {"gmts": "entropy", "entropy": "gmts"}
@@ -78,6 +79,7 @@ def select_minibatch(
     micro_batch_size: int,
     info: DistInfo,
     step: int,
+    correction: RolloutCorrection | None = None,
 ) -> torch.Tensor | None:
     """The ``(B, T)`` bool selection of this rank's rows of the mini-batch (global over ranks),
     scored with the current policy's ``current`` statistics; None for score 'none'.
@@ -106,6 +108,7 @@ def select_minibatch(
             group_ids=rows.group_ids,
             process_group=info.group,
             step=step,
+            importance_weights=_weights(correction, rows),
         )
         parts.append(result.selected)
     return torch.cat(parts)
@@ -121,6 +124,7 @@ def selection_overlap(
     micro_batch_size: int,
     info: DistInfo,
     step: int,
+    correction: RolloutCorrection | None = None,
 ) -> Overlap | None:
     """How much ``selected`` (a GMTS or ETS selection) overlaps the partner method's
     selection with the same settings: one extra selection. None for other scores."""
@@ -135,6 +139,7 @@ def selection_overlap(
         micro_batch_size=micro_batch_size,
         info=info,
         step=step,
+        correction=correction,
     )
     assert other is not None
     counts = torch.stack([(selected & other).sum(), (selected | other).sum()]).double()
@@ -153,6 +158,7 @@ def update_minibatch(
     micro_batch_size: int,
     grad_clip: float | None,
     strategy: Strategy,
+    correction: RolloutCorrection | None = None,
 ) -> UpdateResult:
     """One optimizer step on this rank's rows of a mini-batch, trained on ``selected``
     (``(B, T)`` bool; None: every valid token).
@@ -184,6 +190,7 @@ def update_minibatch(
             entropy=stats.entropy,
             denominators=denominators,
             group_ids=rows.group_ids,
+            importance_weights=_weights(correction, rows),
         )
         # backward even when not finite: every rank must reach the same collectives (FSDP's
         # reduce-scatters run inside backward); the step is then skipped on every rank
@@ -207,6 +214,7 @@ def update_in_one_pass(
     grad_clip: float | None,
     strategy: Strategy,
     step: int,
+    correction: RolloutCorrection | None = None,
 ) -> tuple[UpdateResult, ScoredBatch, torch.Tensor | None]:
     """The update of a one-micro-batch mini-batch right after the rollout, in one forward.
 
@@ -231,6 +239,7 @@ def update_in_one_pass(
         micro_batch_size=batch.num_rows,
         info=info,
         step=step,
+        correction=correction,
     )
     counts = TokenSums.count(batch.response_mask, selected).all_reduce(info.group)
     batch_loss, sums = policy_loss(
@@ -244,6 +253,7 @@ def update_in_one_pass(
         entropy=stats.entropy,
         denominators=loss.denominators(counts, mask=batch.response_mask, group_ids=batch.group_ids),
         group_ids=batch.group_ids,
+        importance_weights=_weights(correction, scored),
     )
     finite = bool(torch.isfinite(batch_loss))
     batch_loss.backward()
@@ -251,6 +261,13 @@ def update_in_one_pass(
         optimizer, params, float(batch_loss.detach()), sums, finite, grad_clip, strategy
     )
     return result, scored, selected
+
+
+def _weights(correction: RolloutCorrection | None, rows: ScoredBatch) -> torch.Tensor | None:
+    """The rollout correction's ``(B, T)`` importance weights of ``rows`` (None when off)."""
+    if correction is None or not correction.enabled:
+        return None
+    return correction.weights(rows.old_logprobs, rows.engine_logprobs, rows.response_mask)
 
 
 def _apply(
