@@ -8,6 +8,7 @@ Runs as one process or under torchrun (the trainer joins the process group itsel
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -20,13 +21,19 @@ def main() -> None:
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
     from gmts.scale.distributed import shutdown
-    from gmts.train.trainer import train
+    from gmts.train.trainer import Trainer
 
     model_dir, run_dir, *rest = sys.argv[1:]
     overrides = [a for a in rest if a != "--resume"]
     cfg = tiny.small_config(Path(model_dir), Path(run_dir), *overrides)
     try:
-        train(cfg, resume="--resume" in rest, reward_fn=tiny.partial_credit)
+        trainer = Trainer(cfg, resume="--resume" in rest, reward_fn=tiny.partial_credit)
+        if os.environ.get("GMTS_TEST_SKEW_RNG") == "1":  # the ranks' RNG states differ from here
+            torch.rand(97 * trainer.info.rank)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
     finally:
         shutdown()
 

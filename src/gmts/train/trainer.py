@@ -251,7 +251,17 @@ class Trainer:
             self.strategy.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.source.load_state_dict(state["source"])
-            ckpt.restore_rng_state(state["rng"])
+            ranks = state.get("rng_ranks")  # checkpoints before per-rank states: rank 0's
+            if ranks is not None and len(ranks) != world:
+                warnings.warn(
+                    f"--resume: {self.resume_from} was written by {len(ranks)} processes, this "
+                    f"run has {world}: every rank takes rank 0's RNG state, so the run does "
+                    "not continue exactly (it does with the same number of processes)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                ranks = None
+            ckpt.restore_rng_state(state["rng"] if ranks is None else ranks[self.info.rank])
             self.step = int(state["step"])
             self.skipped_total = int(state.get("skipped_total", 0))
         # Who samples (rollout.engine): the policy itself, or a colocated vLLM engine started
@@ -581,6 +591,7 @@ class Trainer:
         # collective under fsdp (whole state dicts gathered on rank 0)
         weights = self.strategy.full_weights(self.model)
         optimizer_state = self.strategy.optimizer_state(self.model, self.optimizer)
+        rng_ranks = self._rng_of_every_rank()  # collective: dropout draws differ by rank
         if self.info.is_main:
             state = {
                 "step": self.step,
@@ -589,6 +600,7 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(),
                 "source": self.source.state_dict(),
                 "rng": ckpt.capture_rng_state(),
+                "rng_ranks": rng_ranks,
                 "skipped_total": self.skipped_total,
                 "config": dataclasses.asdict(self.cfg),
             }
@@ -602,6 +614,19 @@ class Trainer:
                 keep=self.cfg.checkpoint.keep,
             )
         barrier(self.info)
+
+    def _rng_of_every_rank(self) -> list[dict[str, Any]] | None:
+        """Every rank's RNG states on rank 0, in rank order (None elsewhere; one process: its
+        own). Restored per rank on resume, so dropout (a LoRA run's, a model's own) draws the
+        same numbers as in an uninterrupted run on every rank."""
+        state = ckpt.capture_rng_state()
+        if self.info.world_size == 1:
+            return [state]
+        import torch.distributed as dist
+
+        gathered: list[Any] | None = [None] * self.info.world_size if self.info.is_main else None
+        dist.gather_object(state, gathered, dst=0, group=self.info.group)
+        return gathered
 
     def close(self) -> None:
         """Release the rollout engine (a vLLM engine's memory; under torchrun its teardown also
