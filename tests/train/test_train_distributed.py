@@ -130,6 +130,8 @@ def test_torchrun_two_processes_end_to_end(tmp_path):
     )
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(0 < r["select/fraction"] <= 0.3 for r in rows)
+    # at most ceil(20%); 0 when every group of the random model earned the same reward (the
+    # paper preset never selects a zero GMTS score)
+    assert all(0 <= r["select/fraction"] <= 0.3 for r in rows)
     assert [s for s, _ in list_checkpoints(run_dir)] == [2]
     assert len(read_metrics(run_dir, "eval.jsonl")) == 2  # before and after
