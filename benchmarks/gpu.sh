@@ -2,7 +2,7 @@
 # Item 6 of the benchmarks (items 1-3 on one CUDA GPU) and issue 11's training proof, from one
 # prepared script.
 #
-#   bash benchmarks/gpu.sh [OUT_DIR] [PARTS]     (default benchmarks/results/gpu, bench,train,vllm)
+#   bash benchmarks/gpu.sh [OUT_DIR] [PARTS]     (default benchmarks/results/gpu, bench,train,vllm,trl)
 #   bash benchmarks/gpu.sh --dry-run [WORK_DIR] [PARTS]  (CPU, tiny shapes; results in
 #                                          WORK_DIR/results/gpu, default WORK_DIR a new /tmp folder)
 #
@@ -18,6 +18,11 @@
 #          weight-sync time and peak memory against the plan (gpu_train.py --engine vllm);
 #          needs vllm importable by the python used. A dry run skips it where vllm is missing
 #          (its CPU path runs in .venv-vllm's tests: tests/vllm/test_vllm_train.py).
+#   trl    GMTSGRPOTrainer in TRL's own vLLM colocate mode with TRL's vLLM defaults (IS
+#          correction on), 2 steps (scripts/gpu/trl_vllm_colocate.py); needs TRL and vllm.
+#          A dry run skips it (on CPU TRL's own colocate weight sync cannot run: the CPU build
+#          of vLLM re-packs its linear layers; tests/integrations/test_trl_vllm_colocate_on_cpu.py
+#          pins that, docs/integrations.md says why).
 #
 # Uses the machine's own python3 with CUDA PyTorch and transformers; gmts is taken from src/
 # (no install, nothing fetched). Then `python benchmarks/report.py` renders the "6. On a GPU"
@@ -38,7 +43,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-PARTS=${2:-bench,train,vllm}
+PARTS=${2:-bench,train,vllm,trl}
 PY=${PYTHON:-python3}
 if ((DRY)); then
     WORK=${1:-$(mktemp -d /tmp/gmts-gpu-dry.XXXXXX)}
@@ -95,6 +100,16 @@ for name in ("train.json", "train_vllm.json"):
         print(f"{r['engine']}: generation {statistics.median(r['generation_tokens_per_s']):.0f} "
               f"tokens/s (median of steps 2+), weight sync {sync}, peaks {r['device_peak_bytes']}")
 PY
+    fi
+fi
+if [[ ",$PARTS," == *",trl,"* ]]; then
+    if ((DRY)); then
+        echo "part trl: skipped in the dry run (TRL's own colocate sync needs vLLM on a GPU)"
+    elif ! "$PY" -c "import trl, vllm" 2>/dev/null; then
+        echo "part trl: $PY cannot import trl and vllm (pip install trl vllm), or leave trl out of PARTS" >&2
+        exit 2
+    else
+        "$PY" scripts/gpu/trl_vllm_colocate.py --out "$OUT_DIR/trl_colocate"
     fi
 fi
 if ((DRY)); then  # render the results as report.py would, into a copy of the page

