@@ -125,7 +125,9 @@ def render() -> str:
     lines = ["```python"]
     for module_name, names in API.items():
         module = importlib.import_module(module_name)
-        lines.append(f"# {module_name.replace('.', '/')}.py")
+        package = Path(module.__file__).name == "__init__.py"
+        suffix = "/ (a package)" if package else ".py"
+        lines.append(f"# {module_name.replace('.', '/')}{suffix}")
         for name in names:
             obj = module
             for part in name.split("."):
