@@ -25,7 +25,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -246,8 +246,16 @@ def _batch(
 
 
 def _train(
-    task_name: str, *, seed: int, config: WarmStartConfig, progress: bool
+    task_name: str,
+    *,
+    seed: int,
+    config: WarmStartConfig,
+    progress: bool,
+    observe: Callable[[int, Any], None] | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
+    """Train one warm start; ``observe(steps_done, model)``, when given, runs after every
+    optimizer step and before that step's check (it must leave the model in training mode and
+    the data stream alone: benchmarks/warmstart_stop.py traces the accuracy with it)."""
     from tqdm.auto import tqdm
 
     from gmts.embedded.evaluation import evaluate_task
@@ -298,6 +306,8 @@ def _train(
         bar.update(1)
         if step % 20 == 0 or step == config.steps - 1:
             bar.set_postfix(loss=f"{loss_value:.3f}")
+        if observe is not None:
+            observe(steps_done, model)
         if config.stop_at_greedy is not None and steps_done % config.check_every == 0:
             model.eval()  # greedy decoding: no randomness, the data stream is untouched
             check_accuracy = evaluate_task(
