@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,50 +49,39 @@ DENSE_FROM = 0.08
 """Check accuracy (first 100 questions) from which every step is traced."""
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A stopping rule: check every ``every`` steps on the first ``questions`` check questions;
-    once a check has reached ``fine_from``, check every step; stop at the first check where the
-    mean of the last ``window`` checks is >= ``target``."""
-
-    target: float
-    every: int
-    questions: int
-    fine_from: float | None = None
-    window: int = 1
-
-    @property
-    def name(self) -> str:
-        fine = f", every step from {self.fine_from:g}" if self.fine_from is not None else ""
-        mean = f", mean of the last {self.window}" if self.window > 1 else ""
-        return f"every {self.every} steps, {self.questions} questions{fine}{mean}"
+def rule_name(config: Any) -> str:
+    """A stopping rule (a ``WarmStartConfig``) in words."""
+    fine = (
+        f", every step from {config.fine_check_from:g}"
+        if config.fine_check_from is not None
+        else ""
+    )
+    mean = f", mean of the last {config.stop_window}" if config.stop_window > 1 else ""
+    return f"every {config.check_every} steps, {config.check_questions} questions{fine}{mean}"
 
 
-def replay(rule: Rule, trace: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Where ``rule`` stops on ``trace`` (rows ``step``, ``check@N``, ``held_out``): the step,
-    its check accuracy, the overshoot and the held-out greedy accuracy; None when the trace
-    lacks a row the rule would check (or never reaches the target)."""
+def replay(config: Any, trace: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the warm start's own stop (``warmstart.StopCheck`` with ``config``) stops on
+    ``trace`` (rows ``step``, ``check@N``, ``held_out``): the step, the accuracy it stopped on,
+    the overshoot and the held-out greedy accuracy (at the step, and averaged over the step +-2);
+    None when the trace lacks a row the rule would check, or never gets there."""
+    from gmts.embedded.warmstart import StopCheck
+
     rows = {r["step"]: r for r in trace}
-    key = f"check@{rule.questions}"
+    key = f"check@{config.check_questions}"
     # before the first row traced densely, only every 10th step was traced, all of them below
-    # DENSE_FROM: a step in between counts as below the target (and below fine_from)
+    # DENSE_FROM: a step in between counts as below the target (and below fine_check_from)
     dense = min((r["step"] for r in trace if "held_out" in r), default=max(rows) + 1)
-    best = 0.0
-    checks: list[float] = []
+    stop = StopCheck(config)
     for step in range(1, max(rows) + 1):
-        fine = rule.fine_from is not None and best >= rule.fine_from
-        if not (fine or step % rule.every == 0):
+        if not stop.due(step):
             continue
         row = rows.get(step)
         if row is None and step < dense:
             continue
         if row is None or key not in row:
             return None
-        checks.append(row[key])
-        best = max(best, row[key])
-        recent = checks[-rule.window :]
-        acc = statistics.fmean(recent)
-        if len(recent) == rule.window and acc >= rule.target:
+        if stop.record(step, row[key]):
             near = [
                 rows[t]["held_out"]
                 for t in range(step - 2, step + 3)
@@ -100,8 +89,8 @@ def replay(rule: Rule, trace: list[dict[str, Any]]) -> dict[str, Any] | None:
             ]
             return {
                 "step": step,
-                "check": acc,
-                "overshoot": acc - rule.target,
+                "check": stop.smoothed,
+                "overshoot": stop.smoothed - config.stop_at_greedy,
                 "held_out": row.get("held_out"),
                 "held_out_near": statistics.fmean(near) if near else None,
             }
@@ -191,30 +180,35 @@ def _spawn(path_name: str, seed: int, threads: int, args: argparse.Namespace, ou
     return f"{out.name}: ok"
 
 
-RULES = (
-    Rule(0.35, 10, 100),  # the rule before (gmts 2026-12-01)
-    Rule(0.35, 1, 100),
-    Rule(0.35, 10, 400, fine_from=0.2),
-    Rule(0.35, 10, 100, fine_from=0.2, window=5),
-    Rule(0.35, 10, 400, fine_from=0.2, window=3),
-    Rule(0.35, 10, 400, fine_from=0.2, window=5),
-    Rule(0.35, 10, 400, fine_from=0.2, window=10),
-)
-"""The rules replayed: the one before, finer checks, larger check sets, moving means."""
+def rules() -> tuple[Any, ...]:
+    """The rules replayed: the one before (gmts of 2026-12-01), finer checks, a larger check
+    set, means over checks, and the default now (the last)."""
+    from gmts.embedded.warmstart import WarmStartConfig
+
+    before = WarmStartConfig(check_questions=100, fine_check_from=None, stop_window=1)
+    return (
+        before,
+        replace(before, check_every=1),
+        replace(before, fine_check_from=0.2, stop_window=5),
+        WarmStartConfig(stop_window=1),
+        WarmStartConfig(stop_window=3),
+        WarmStartConfig(stop_window=10),
+        WarmStartConfig(),
+    )
 
 
-def summarize(traces: dict[str, dict[str, Any]], rules: tuple[Rule, ...]) -> dict[str, Any]:
+def summarize(traces: dict[str, dict[str, Any]], configs: tuple[Any, ...]) -> dict[str, Any]:
     """Every rule replayed on every trace, and per rule the spread over traces."""
     per_rule = []
-    for rule in rules:
-        stops = {name: replay(rule, t["trace"]) for name, t in traces.items()}
+    for config in configs:
+        stops = {name: replay(config, t["trace"]) for name, t in traces.items()}
         done = [s for s in stops.values() if s is not None]
         held = [s["held_out"] for s in done if s["held_out"] is not None]
         near = [s["held_out_near"] for s in done if s["held_out_near"] is not None]
         per_rule.append(
             {
-                "rule": rule.name,
-                "target": rule.target,
+                "rule": rule_name(config),
+                "target": config.stop_at_greedy,
                 "stops": stops,
                 "max_overshoot": max((s["overshoot"] for s in done), default=None),
                 "held_out_range": [min(held, default=None), max(held, default=None)],
@@ -235,9 +229,11 @@ def format_summary(summary: dict[str, Any]) -> str:
                 lines.append(f"  {name:<28} not reached / not traced")
                 continue
             held = "-" if s["held_out"] is None else f"{100 * s['held_out']:.1f}%"
+            near = "-" if s["held_out_near"] is None else f"{100 * s['held_out_near']:.1f}%"
             lines.append(
                 f"  {name:<28} step {s['step']:>5}  check {100 * s['check']:5.1f}%  "
-                f"overshoot {100 * s['overshoot']:+5.1f}p  held-out greedy {held}"
+                f"overshoot {100 * s['overshoot']:+5.1f}p  held-out greedy {held} "
+                f"(+-2 steps: {near})"
             )
         lo, hi = r["held_out_range"]
         nlo, nhi = r["held_out_near_range"]
@@ -293,7 +289,7 @@ def main() -> int:
         for (p, s, t) in jobs
         if files[(p, s, t)].exists()
     }
-    summary = {"traces": traces, **summarize(traces, RULES)}
+    summary = {"traces": traces, **summarize(traces, rules())}
     (args.out / "warmstart_stop.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(format_summary(summary))
     return 0

@@ -268,3 +268,32 @@ def test_report_renders_the_demo_into_the_other_pages(tmp_path: Path) -> None:
     text = readme.read_text()
     assert "old" not in text and "GMTS top 20% - ETS top 20%   mean  +3.0" in text
     assert "`gmts demo`" in text and "AMD EPYC" in text and text.endswith("end -->\nb\n")
+
+
+def test_warmstart_stop_replays_the_warm_starts_own_rule() -> None:
+    """benchmarks/warmstart_stop.py replays gmts.embedded.warmstart.StopCheck on a trace: a
+    coarse rule overshoots a steep rise, the fine rule with a mean does not stop on one lucky
+    check."""
+    from dataclasses import replace
+
+    from gmts.embedded.warmstart import WarmStartConfig
+
+    ws = _load("gmts_bench_warmstart_stop", "warmstart_stop.py")
+    # every 10th step below DENSE_FROM, then every step: a steep rise with one lucky check
+    rising = {11: 0.1, 12: 0.15, 13: 0.2, 14: 0.25, 15: 0.5, 16: 0.3, 17: 0.33, 18: 0.36}
+    rising.update({19: 0.38, 20: 0.6, 21: 0.62, 22: 0.64})
+    trace = [{"step": 10, "check@100": 0.01, "check@400": 0.01}] + [
+        {"step": s, "check@100": a, "check@400": a, "held_out": a} for s, a in rising.items()
+    ]
+    before = WarmStartConfig(check_questions=100, fine_check_from=None, stop_window=1)
+    stop = ws.replay(before, trace)
+    assert stop["step"] == 20 and stop["overshoot"] == pytest.approx(0.25)
+    stop = ws.replay(replace(before, check_every=1), trace)
+    assert stop["step"] == 15  # the lucky check
+    # checks at 10, 12, 14 (0.25: every step from now on), 15 (0.5 alone would stop), 16
+    stop = ws.replay(WarmStartConfig(check_every=2, stop_window=3, stop_at_greedy=0.34), trace)
+    assert stop["step"] == 16 and stop["check"] == pytest.approx((0.25 + 0.5 + 0.3) / 3)
+    assert ws.replay(WarmStartConfig(), trace) is None  # 4 checks (10, 20, 21, 22) < stop_window
+    assert ws.replay(replace(before, check_questions=200), trace) is None  # not traced
+    summary = ws.summarize({"t": {"trace": trace}}, (before,))
+    assert summary["rules"][0]["max_overshoot"] == pytest.approx(0.25)

@@ -383,9 +383,9 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
     table = format_table(result)
     assert "RL seeds 0-1 (2), warm start of seed 0" in table and "mean±std over 2 seeds" in table
     assert "GMTS top 20% - ETS top 20%" in table and "ahead on" in table
-    assert "7 supervised steps (stopped at 40% greedy on the check questions)" in table
+    assert "7 supervised steps (stopped at 40.0% greedy on the check questions)" in table
     result.warm_start["check_accuracy"] = 0.3  # a warm start that ran out of steps says so
-    assert "did NOT reach its 35% check target: 30%" in format_table(result)
+    assert "did NOT reach its 35% check target: 30.0%" in format_table(result)
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 0
     assert f"xdg-open {tmp_path / 'demo' / 'curves.png'}" in table
 

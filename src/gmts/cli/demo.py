@@ -425,14 +425,17 @@ def describe_difference(d: PairedDifference, a: str, b: str) -> str:
 def _warm_start_line(result: DemoResult) -> str:
     """How the warm start ended (its early stop, or that it missed it) and what it cost."""
     w = result.warm_start
-    target = w.get("settings", {}).get("config", {}).get("stop_at_greedy")
+    config = w.get("settings", {}).get("config", {})
+    target = config.get("stop_at_greedy")
     check = w.get("check_accuracy")
+    window = config.get("stop_window", 1)
+    over = f", mean of the last {window} checks" if window > 1 else ""
     if target is None or check is None:
         stop = ""
     elif check >= target:
-        stop = f" (stopped at {100 * check:.0f}% greedy on the check questions)"
+        stop = f" (stopped at {100 * check:.1f}% greedy on the check questions{over})"
     else:
-        stop = f" (did NOT reach its {100 * target:.0f}% check target: {100 * check:.0f}%)"
+        stop = f" (did NOT reach its {100 * target:.0f}% check target: {100 * check:.1f}%{over})"
     return (
         f"warm start: {w['steps_done']} supervised steps{stop}, held-out greedy accuracy "
         f"{100 * w['greedy_accuracy']:.1f}%; {result.warm_start_s:.0f} s (cached after the first "
