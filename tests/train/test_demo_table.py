@@ -57,7 +57,7 @@ def _row(method: str, seed: int, curve: list[float]) -> DemoRow:
 def _result(rows: list[DemoRow], seeds: list[int]) -> DemoResult:
     return DemoResult(
         config=demo_recipe(["optim.steps=100"]),
-        warm_start={},
+        warm_starts={},
         warm_start_s=0.0,
         seeds=seeds,
         rows=rows,
@@ -84,7 +84,7 @@ def test_one_seed_table_is_exact_and_says_it_is_one_seed() -> None:
         "1.000",
     ]
     assert table[5].split()[3:6] == ["10.0", "35.0", "55.0"]
-    assert "one RL seed" in table[6] and "--seeds 3" in table[6]
+    assert "one seed" in table[6] and "--seeds 3" in table[6]
 
 
 def test_seeds_table_pairs_by_seed_and_gives_a_verdict() -> None:
@@ -103,7 +103,7 @@ def test_seeds_table_pairs_by_seed_and_gives_a_verdict() -> None:
     assert cmp.final.values == pytest.approx((5.0, 5.0, -1.0))
     assert cmp.mean.clear and not cmp.final.clear
     text = format_table(result)
-    assert "RL seeds 0-2 (3), warm start of seed 0" in text and "mean±std over 3 seeds" in text
+    assert "seeds 0-2 (3), each from its warm start" in text and "mean±std over 3 seeds" in text
     ets_line = next(line for line in text.splitlines() if line.startswith("ETS top 20%"))
     assert ets_line.split()[3:6] == ["10.0±0.0", "30.3±2.5", "45.0±5.0"]
     mean_line, final_line = (

@@ -346,7 +346,10 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
             }
         )
     )
-    monkeypatch.setattr(warmstart, "warm_start", lambda *a, **k: warm)
+    seeds_warmed = []
+    monkeypatch.setattr(
+        warmstart, "warm_start", lambda *a, **k: seeds_warmed.append(k["seed"]) or warm
+    )
     tiny = (
         "optim.steps=2",
         "data.eval_every=1",
@@ -360,6 +363,7 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
     result = run_demo(settings, progress=False)
     labels = ["all tokens", "ETS top 20%", "GMTS top 20%"]
     assert result.seeds == [0, 1] and result.methods == labels
+    assert seeds_warmed == [0, 1] and sorted(result.warm_starts) == [0, 1]  # one per seed
     assert [(r.seed, r.method) for r in result.rows] == [(s, m) for s in (0, 1) for m in labels]
     assert result.rows[0].selected_fraction == 1.0
     # at most ceil(20%) of each tiny batch; ETS at least that, GMTS fewer where its scores are
@@ -380,11 +384,16 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
         assert row.curve[0] == first_of_seed.curve[0]  # one evaluation of the warm start
         a0, a1, a2 = (a for _, a in row.average(2))
         assert row.area_mean(2) == pytest.approx((a0 + 2 * a1 + a2) / 4)
+    assert [(c.a, c.b, c.mean.n) for c in demo.compare(result)] == [
+        ("GMTS top 20%", "ETS top 20%", 2),
+        ("GMTS top 20%", "all tokens", 2),
+        ("ETS top 20%", "all tokens", 2),
+    ]
     table = format_table(result)
-    assert "RL seeds 0-1 (2), warm start of seed 0" in table and "mean±std over 2 seeds" in table
+    assert "seeds 0-1 (2), each from its warm start" in table and "mean±std over 2 seeds" in table
     assert "GMTS top 20% - ETS top 20%" in table and "ahead on" in table
-    assert "7 supervised steps (stopped at 40.0% greedy on the check questions)" in table
-    result.warm_start["check_accuracy"] = 0.3  # a warm start that ran out of steps says so
+    assert "warm start of seed 1: 7 supervised steps (stopped at 40.0% greedy on the check" in table
+    result.warm_starts[1] = {**result.warm_starts[1], "check_accuracy": 0.3}  # out of steps
     assert "did NOT reach its 35% check target: 30.0%" in format_table(result)
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 0
     assert f"xdg-open {tmp_path / 'demo' / 'curves.png'}" in table
@@ -400,7 +409,8 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
     assert demo.run(args) == 0
     printed = capsys.readouterr().out
     record = json.loads(out.read_text())
-    assert record["table"].strip() in printed and "one RL seed" in record["table"]
+    assert record["table"].strip() in printed and "one seed" in record["table"]
+    assert "warm start: 7 supervised steps" in record["table"]
     assert record["benchmark"] == "demo" and record["comparisons"] == []
     assert record["machine"]["torch_cpu_capability"] and record["threads"] == 1
     assert [r["method"] for r in record["result"]["rows"]] == ["GMTS top 20%"]

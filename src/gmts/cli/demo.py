@@ -2,14 +2,14 @@
 warm start, over several RL seeds.
 
 The recipe is ``demo.yaml`` next to this file (the one copy; ``configs/demo.yaml`` links to it).
-The three policies differ only in ``selection.score``: they start from the same cached warm start
-(gmts.embedded.warmstart, trained with the recipe's ``seed``), see the same questions in the same
-order (same RL seed) and get the same budget (steps x questions x samples). Each method is
-trained once per RL seed (``--seeds N``: the recipe's ``seed`` and the N - 1 after it), so the
+The three policies differ only in ``selection.score``: within a seed they start from the same
+cached warm start (gmts.embedded.warmstart), see the same questions in the same order and get
+the same budget (steps x questions x samples). Each method is trained once per seed (``--seeds
+N``: the recipe's ``seed`` and the N - 1 after it), each seed with its own warm start, so the
 methods are compared seed by seed (paired) and the table says whether a difference is larger
-than the spread between seeds (gmts.cli.demo_stats): one seed's ordering is not a measurement,
-because a run's trajectory moves by several points with the seed, the thread count and the
-CPU's floating-point path (docs/training.md). Held-out average@k is measured before training,
+than the spread between seeds (gmts.cli.demo_stats). One seed's ordering is not a measurement:
+the warm start, and so every curve, moves with the seed and with the CPU's floating-point path
+(docs/training.md); a warm start per seed puts that variation into the spread. Held-out average@k is measured before training,
 every ``data.eval_every`` steps and at the end, on the task's reserved questions: the table
 prints that learning curve and its mean over training (area under the curve / steps), and the
 curves are drawn to ``<output_dir>/curves.png``.
@@ -63,8 +63,8 @@ class DemoSettings:
             ``<output_dir>/curves.png``.
         cache_dir: warm-start cache (None: ``gmts.embedded.warmstart.default_cache_dir()``).
         methods: a subset of ``METHODS``, in table order.
-        seeds: RL seeds per method: the recipe's ``seed`` and the ``seeds - 1`` after it, all
-            from the one warm start of the recipe's ``seed``.
+        seeds: seeds per method: the recipe's ``seed`` and the ``seeds - 1`` after it; each
+            seed has its own warm start (when ``model.path`` is "embedded") and RL seed.
     """
 
     overrides: tuple[str, ...] = ()
@@ -120,10 +120,11 @@ class DemoRow:
 
 @dataclass
 class DemoResult:
-    """The recipe, the warm start, one row per (seed, method), the plot and the times."""
+    """The recipe, each seed's warm start (``warmstart.json``; none for a ``model.path``
+    given), one row per (seed, method), the plot and the times."""
 
     config: TrainConfig
-    warm_start: dict[str, Any]
+    warm_starts: dict[int, dict[str, Any]]
     warm_start_s: float
     seeds: list[int] = field(default_factory=list)
     rows: list[DemoRow] = field(default_factory=list)
@@ -152,13 +153,15 @@ class Comparison:
 
 
 def compare(result: DemoResult) -> list[Comparison]:
-    """Every pair of methods (a later one in table order minus an earlier one), paired by seed;
-    a seed that lacks one of the two runs is left out of that pair."""
+    """Every pair of methods, a later one in table order minus an earlier one (the last method
+    first: GMTS - ETS, GMTS - all tokens, ETS - all tokens), paired by seed; a seed that lacks
+    one of the two runs is left out of that pair."""
     k = result.config.data.eval_samples
     methods = result.methods
     out = []
-    for j, a in enumerate(methods):
-        for b in methods[:j]:
+    for j in reversed(range(len(methods))):
+        a = methods[j]
+        for b in reversed(methods[:j]):
             runs_a = {r.seed: r for r in result.runs(a)}
             runs_b = {r.seed: r for r in result.runs(b)}
             pairs = [(runs_a[s], runs_b[s]) for s in sorted(set(runs_a) & set(runs_b))]
@@ -216,8 +219,8 @@ def method_config(
 
 
 def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> DemoResult:
-    """Warm start (cached); then for each RL seed, evaluate the warm start once and train every
-    method; plot the curves."""
+    """For each seed: its warm start (cached), one evaluation of it, every method trained from
+    it; then plot the curves."""
     import json
 
     import torch
@@ -233,19 +236,18 @@ def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> 
     if base.threads is not None:  # before the warm start, whose arithmetic depends on it
         torch.set_num_threads(base.threads)
     t0 = time.perf_counter()
-    model_path = base.model.path
-    info: dict[str, Any] = {}
-    if model_path == "embedded":
-        warm = warm_start(
-            base.data.task, cache_dir=settings.cache_dir, seed=base.seed, progress=progress
-        )
-        model_path = str(warm)
-        info = json.loads((warm / INFO_FILE).read_text())
     seeds = [base.seed + i for i in range(settings.seeds)]
-    result = DemoResult(
-        config=base, warm_start=info, warm_start_s=time.perf_counter() - t0, seeds=seeds
-    )
+    result = DemoResult(config=base, warm_starts={}, warm_start_s=0.0, seeds=seeds)
     for seed in seeds:
+        model_path = base.model.path
+        if model_path == "embedded":
+            t1 = time.perf_counter()
+            warm = warm_start(
+                base.data.task, cache_dir=settings.cache_dir, seed=seed, progress=progress
+            )
+            result.warm_start_s += time.perf_counter() - t1
+            model_path = str(warm)
+            result.warm_starts[seed] = json.loads((warm / INFO_FILE).read_text())
         before: dict[str, float] | None = None
         for method in settings.methods:
             cfg = method_config(base, method, model_path, settings.output_dir, progress, seed)
@@ -253,7 +255,7 @@ def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> 
             if before is None:  # one starting evaluation per seed, shared by its methods
                 before = trainer.evaluate() or {}
             trainer.logger.log(0, before, EVAL_FILE)  # step 0 of each run's curve
-            t1 = time.perf_counter()
+            t2 = time.perf_counter()
             run = trainer.run()
             hist = run.history
             result.rows.append(
@@ -264,7 +266,7 @@ def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> 
                     step_time_s=sum(h["time/step_s"] for h in hist) / max(len(hist), 1),
                     selected_fraction=sum(h.get("select/fraction", 1.0) for h in hist)
                     / max(len(hist), 1),
-                    train_time_s=time.perf_counter() - t1,
+                    train_time_s=time.perf_counter() - t2,
                     run_dir=str(run.run_dir),
                 )
             )
@@ -299,19 +301,19 @@ def format_table(result: DemoResult) -> str:
     c = result.config
     r = c.rollout
     seeds = result.seeds or sorted({row.seed for row in result.rows})
+    start = "from its warm start" if c.model.path == "embedded" else f"from {c.model.path}"
     seed_text = (
         f"seed {seeds[0]}"
         if len(seeds) == 1
-        else f"RL seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), warm start of seed {c.seed}"
+        else f"seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), each {start}"
     )
     lines = [
-        f"{c.algorithm.upper()} on '{c.data.task}' from one warm start: {c.optim.steps} steps x "
+        f"{c.algorithm.upper()} on '{c.data.task}': {c.optim.steps} steps x "
         f"{r.questions_per_batch} questions x {r.group_size} samples, lr {c.optim.lr:g}, "
         + seed_text
     ]
     lines += _one_seed_table(result) if len(seeds) == 1 else _seeds_table(result, len(seeds))
-    if result.warm_start:
-        lines.append(_warm_start_line(result))
+    lines += _warm_start_lines(result)
     lines.append(f"total {result.total_s:.0f} s")
     if result.plot:
         lines.append(f"curves: {result.plot}  (view: xdg-open {result.plot})")
@@ -345,8 +347,8 @@ def _one_seed_table(result: DemoResult) -> list[str]:
             + f" {row.step_time_s:>7.3f} {row.selected_fraction:>9.3f}"
         )
     lines.append(
-        "one RL seed: this order of the methods is not a measurement (the seed, the thread "
-        "count and the CPU move each curve by several points); --seeds 3 measures the spread"
+        "one seed: this order of the methods is not a measurement (the seed and the CPU's "
+        "floating-point path move every curve); --seeds 3 measures the spread"
     )
     return lines
 
@@ -422,25 +424,32 @@ def describe_difference(d: PairedDifference, a: str, b: str) -> str:
     )
 
 
-def _warm_start_line(result: DemoResult) -> str:
-    """How the warm start ended (its early stop, or that it missed it) and what it cost."""
-    w = result.warm_start
-    config = w.get("settings", {}).get("config", {})
-    target = config.get("stop_at_greedy")
-    check = w.get("check_accuracy")
-    window = config.get("stop_window", 1)
-    over = f", mean of the last {window} checks" if window > 1 else ""
-    if target is None or check is None:
-        stop = ""
-    elif check >= target:
-        stop = f" (stopped at {100 * check:.1f}% greedy on the check questions{over})"
-    else:
-        stop = f" (did NOT reach its {100 * target:.0f}% check target: {100 * check:.1f}%{over})"
-    return (
-        f"warm start: {w['steps_done']} supervised steps{stop}, held-out greedy accuracy "
-        f"{100 * w['greedy_accuracy']:.1f}%; {result.warm_start_s:.0f} s (cached after the first "
-        "run)"
-    )
+def _warm_start_lines(result: DemoResult) -> list[str]:
+    """How each seed's warm start ended (its early stop, or that it missed it) and the time."""
+    lines = []
+    several = len(result.warm_starts) > 1
+    for seed, w in sorted(result.warm_starts.items()):
+        config = w.get("settings", {}).get("config", {})
+        target = config.get("stop_at_greedy")
+        check = w.get("check_accuracy")
+        window = config.get("stop_window", 1)
+        over = f", mean of the last {window} checks" if window > 1 else ""
+        if target is None or check is None:
+            stop = ""
+        elif check >= target:
+            stop = f" (stopped at {100 * check:.1f}% greedy on the check questions{over})"
+        else:
+            stop = (
+                f" (did NOT reach its {100 * target:.0f}% check target: {100 * check:.1f}%{over})"
+            )
+        name = f"warm start of seed {seed}" if several else "warm start"
+        lines.append(
+            f"{name}: {w['steps_done']} supervised steps{stop}, held-out greedy accuracy "
+            f"{100 * w['greedy_accuracy']:.1f}%"
+        )
+    if lines:
+        lines.append(f"warm start time: {result.warm_start_s:.0f} s (cached after the first run)")
+    return lines
 
 
 # ------------------------------------------------------------------------------- the JSON
@@ -535,15 +544,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=None, help="RL steps (optim.steps).")
     parser.add_argument(
-        "--seed", type=int, default=None, help="Warm start and first RL seed (seed)."
+        "--seed", type=int, default=None, help="The first seed (seed): warm start and RL."
     )
     parser.add_argument(
         "--seeds",
         type=int,
         default=d.seeds,
-        help="RL seeds per method (default %(default)s): --seed and the ones after it, all from "
-        "one warm start; the table pairs the methods seed by seed and says whether a difference "
-        "is larger than the seed spread.",
+        help="Seeds per method (default %(default)s): --seed and the ones after it, each with "
+        "its own warm start; the table pairs the methods seed by seed and says whether a "
+        "difference is larger than the seed spread.",
     )
     parser.add_argument("--task", default=None, help="Built-in task (data.task).")
     parser.add_argument(
