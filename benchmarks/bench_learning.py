@@ -609,8 +609,11 @@ def run(options) -> dict[str, Any]:
             runs.append(run_record)
         else:  # a run that failed this time: its older file is not this plan's result
             stale.append(run_record["run_id"])
+    from bench_common import DEFAULT_RESULTS_DIR
+
+    to_docs = not options.quick and options.out_dir.resolve() == DEFAULT_RESULTS_DIR.resolve()
     figure_dir = (
-        options.out_dir / "figures" if options.quick else REPO_ROOT / "docs" / "figures" / "results"
+        REPO_ROOT / "docs" / "figures" / "results" if to_docs else options.out_dir / "figures"
     )
     figures = plot_curves(runs, figure_dir) if runs else []
     summary = aggregate(runs)

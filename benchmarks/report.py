@@ -498,13 +498,13 @@ def render_machine(records: list[dict[str, Any]]) -> str:
 
 def _replace_block(text: str, name: str, block: str) -> tuple[str, bool]:
     """Replace the body between ``<!-- results:NAME:begin/end -->``; (text, whether found)."""
-    pattern = re.compile(
-        rf"(<!-- results:{re.escape(name)}:begin -->\n).*?(\n<!-- results:{re.escape(name)}:end -->)",
+    pattern = re.compile(  # the body may be empty (a block not generated yet)
+        rf"(<!-- results:{re.escape(name)}:begin -->\n)(?:.*?\n)?(<!-- results:{re.escape(name)}:end -->)",
         re.S,
     )
     if not pattern.search(text):
         return text, False
-    return pattern.sub(lambda m: m.group(1) + block + m.group(2), text), True
+    return pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text), True
 
 
 def _update_blocks(text: str, results_dir: Path, prefix: str) -> tuple[str, list[str]]:
