@@ -311,14 +311,16 @@ def render_learning(record: dict[str, Any]) -> str:
 
 
 _TITLES = {"grpo": "GRPO", "dapo": "DAPO"}
+_RECIPE_ORDER = ("grpo", "dapo", "dapo-4mb", "gspo", "cispo")
 
 
 def _recipes(record: dict[str, Any]) -> dict[str, str]:
-    """Recipe key -> table title, for the recipes the record has runs of (in plan order)."""
+    """Recipe key -> table title, for the recipes the record has runs of, in the order of
+    bench_learning.RECIPES (the JSON's own key order is sorted)."""
     known = {k: v["title"] for k, v in record["settings"].get("recipes", {}).items()}
-    present = list(record["summary"]["cells"])
-    order = list(known) + [k for k in ("grpo", "dapo") if k not in known]
-    return {k: known.get(k, _TITLES.get(k, k.upper())) for k in order if k in present}
+    present = set(record["summary"]["cells"])
+    order = [k for k in _RECIPE_ORDER if k in present] + sorted(present - set(_RECIPE_ORDER))
+    return {k: known.get(k, _TITLES.get(k, k.upper())) for k in order}
 
 
 def _signed(d: dict[str, Any] | None) -> str:
@@ -369,10 +371,11 @@ def render_objectives(record: dict[str, Any]) -> str:
         )
     if not rows:
         return ""
+    known = s.get("recipes", {})
     described = "; ".join(
-        f"{v['title']}: {v['description']}"
-        for k, v in s.get("recipes", {}).items()
-        if k in OBJECTIVE_RECIPES and v.get("description")
+        f"{known[k]['title']}: {known[k]['description']}"
+        for k in OBJECTIVE_RECIPES
+        if k in known and known[k].get("description")
     )
     return (
         f"**Objectives** (top 20%; final held-out average@{s['eval_samples']} (%), mean ± std "
