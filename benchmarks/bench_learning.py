@@ -1,4 +1,5 @@
-"""Item 5: the paper's Tables 1, 6 and 7 in miniature, on the embedded addition task.
+"""Item 5: the paper's Tables 1, 6 and 7 in miniature, on the embedded addition task; and the
+same comparison under other objectives (GSPO, CISPO).
 
 One run = one ``gmts.train.trainer.Trainer`` from the cached warm start (seed 0 for every run,
 so methods differ only by their RL seed and their selection), ``steps`` RL steps of 32 questions
@@ -6,19 +7,30 @@ x 8 samples at lr 2e-4 (the demo's recipe), then held-out average@16 and pass@16
 200 reserved questions. The held-out score is also taken every ``eval_every`` steps for the
 learning curves.
 
-Run specs are ``ALGO:SCORE:RATIO[:bottom]:SEED`` (SCORE "none" = all tokens, ratio ignored).
+Run specs are ``RECIPE:SCORE:RATIO[:bottom]:SEED`` (SCORE "none" = all tokens, ratio ignored).
+RECIPE names an entry of ``RECIPES``: ``grpo`` and ``dapo`` (the trainer's algorithms, one update
+per rollout batch, as before), ``gspo``, ``cispo`` and ``dapo-4mb`` (their reference: DAPO with
+the same four updates per rollout batch). So every spec written before (``dapo:gmts:0.2:0``)
+means what it meant.
+
 Plans:
 - ``full``: Table 1 ({grpo, dapo} x {none, entropy, gmts @0.2} x seeds 0-2), Table 7 (dapo x
   {entropy, gmts} x ratios {0.1, 0.2, 0.5, 0.9} x seeds 0-2) and Table 6 (dapo x {entropy, gmts}
   bottom 80% x seeds 0-2): 42 runs.
+- ``objectives``: {gspo, cispo, dapo-4mb} x {none, entropy, gmts @0.2} x seeds 0-2: 27 runs.
 - ``subset``: dapo x {none, entropy, gmts @0.2} x seeds 0-1 plus dapo {entropy, gmts} bottom 0.8
   with seed 0: 8 runs.
 - ``mini``: dapo x {none, entropy, gmts @0.2}, seed 0: 3 runs.
 - ``table1``, ``table6``, ``table7``: one table of the full plan.
+A plan may be a comma list of plan names and run specs: ``full,objectives`` is every table in
+one summary (what docs/results.md renders).
 
-Each run writes ``<out>/learning_runs/<id>.json`` in its own process; a run whose file exists
-with the same settings is not repeated, so a sweep can be stopped and resumed, or grown from
-the subset to the full plan. The summary (``learning.json``) aggregates every run file present.
+Each run writes ``<out>/learning_runs/<id>.json`` in its own process, with its resolved trainer
+config; a run whose file holds the same config (and steps, evaluation, threads) is not
+repeated, so a sweep can be stopped and resumed, or grown from the subset to the full plan. A
+change of the code that the config does not show (a new default inside the core, say) is not
+detected: delete ``learning_runs/`` then. The summary (``learning.json``) aggregates every run
+file of the plan present.
 """
 
 from __future__ import annotations
@@ -42,8 +54,73 @@ SCORE_LABEL = {"none": "all tokens", "entropy": "ETS", "gmts": "GMTS"}
 
 
 @dataclass(frozen=True)
+class Recipe:
+    """How a run spec's first field trains, on top of the demo's recipe.
+
+    Attributes:
+        title: the name in the tables.
+        algorithm: the trainer's ``algorithm`` (grpo or dapo): the objective preset it starts
+            from and whether DAPO's dynamic sampling is on.
+        objective: an ``ObjectiveConfig.preset`` that replaces the algorithm's (None: keep it).
+        mini_batch_questions: questions per optimizer step (None: the whole rollout batch of
+            32, one update per batch). Below 32 the later updates of a batch are off-policy,
+            the only place where an objective's ratio clip or weight clip acts.
+        description: the recipe in words (docs/results.md).
+    """
+
+    title: str
+    algorithm: str
+    objective: str | None = None
+    mini_batch_questions: int | None = None
+    description: str = ""
+
+    def apply(self, cfg: Any) -> Any:
+        """``cfg`` (a TrainConfig built for ``algorithm``) with this recipe's objective and
+        mini-batches."""
+        from dataclasses import replace
+
+        from gmts.core.objectives import ObjectiveConfig
+
+        objective = ObjectiveConfig.preset(self.objective) if self.objective else cfg.objective
+        optim = replace(cfg.optim, mini_batch_questions=self.mini_batch_questions)
+        return replace(cfg, objective=objective, optim=optim)
+
+
+RECIPES: dict[str, Recipe] = {
+    "grpo": Recipe("GRPO", "grpo", description="GRPO (eq. 1, KL 0.001), one update per batch"),
+    "dapo": Recipe("DAPO", "dapo", description="DAPO (clip 0.2 / 0.28), one update per batch"),
+    "dapo-4mb": Recipe(
+        "DAPO, 4 updates",
+        "dapo",
+        mini_batch_questions=8,
+        description="DAPO with 4 mini-batches of 8 questions per rollout batch (the reference "
+        "for GSPO and CISPO, which use the same)",
+    ),
+    "gspo": Recipe(
+        "GSPO",
+        "grpo",
+        objective="gspo",
+        mini_batch_questions=8,
+        description="GSPO as in its paper: sequence-level ratio clipped to [1 - 3e-4, 1 + "
+        "4e-4], seq-mean-token-mean, no KL, GRPO's groups without dynamic sampling, 4 "
+        "mini-batches per rollout batch",
+    ),
+    "cispo": Recipe(
+        "CISPO",
+        "dapo",
+        objective="cispo",
+        mini_batch_questions=8,
+        description="CISPO (ScaleRL / MiniMax-M1): token weight min(r, 5) detached times A "
+        "times log pi, token-mean, DAPO's dynamic sampling, 4 mini-batches per rollout batch",
+    ),
+}
+"""Run-spec recipe -> how it trains (``RunSpec.algorithm`` holds the key)."""
+
+
+@dataclass(frozen=True)
 class RunSpec:
-    """One learning run."""
+    """One learning run. ``algorithm`` names a recipe of ``RECIPES`` (the field keeps its old
+    name so that the run files written before still load)."""
 
     algorithm: str
     score: str
@@ -52,12 +129,16 @@ class RunSpec:
     seed: int
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ("grpo", "dapo"):
-            raise ValueError(f"algorithm must be grpo or dapo, got {self.algorithm!r}")
+        if self.algorithm not in RECIPES:
+            raise ValueError(f"recipe must be one of {list(RECIPES)}, got {self.algorithm!r}")
         if self.score not in SCORE_LABEL:
             raise ValueError(f"score must be one of {list(SCORE_LABEL)}, got {self.score!r}")
         if not 0 < self.ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
+
+    @property
+    def recipe(self) -> Recipe:
+        return RECIPES[self.algorithm]
 
     @property
     def run_id(self) -> str:
@@ -79,7 +160,7 @@ class RunSpec:
         bottom = "bottom" in parts
         parts = [p for p in parts if p != "bottom"]
         if len(parts) != 4:
-            raise ValueError(f"run spec {text!r}: expected ALGO:SCORE:RATIO[:bottom]:SEED")
+            raise ValueError(f"run spec {text!r}: expected RECIPE:SCORE:RATIO[:bottom]:SEED")
         algorithm, score, ratio_text, seed_text = parts
         return cls(algorithm, score, float(ratio_text), bottom, int(seed_text))
 
@@ -89,7 +170,8 @@ def _all(algorithm: str, seeds: tuple[int, ...]) -> list[RunSpec]:
 
 
 def plan(name: str) -> list[RunSpec]:
-    """The runs of a named plan, or of a comma list of run specs."""
+    """The runs of a comma list of plan names and run specs (``full,objectives``,
+    ``dapo:gmts:0.2:0,gspo:none:1:0``), each run once, in order."""
     table1 = [
         spec
         for algorithm in ("grpo", "dapo")
@@ -103,7 +185,14 @@ def plan(name: str) -> list[RunSpec]:
         for seed in SEEDS
     ]
     table6 = [RunSpec("dapo", s, 0.8, True, seed) for s in ("entropy", "gmts") for seed in SEEDS]
+    objectives = [
+        spec
+        for recipe in ("dapo-4mb", "gspo", "cispo")
+        for spec in _all(recipe, SEEDS)
+        + [RunSpec(recipe, s, 0.2, False, seed) for s in ("entropy", "gmts") for seed in SEEDS]
+    ]
     plans = {
+        "objectives": objectives,
         "table1": table1,
         "table7": table7,
         "table6": table6,
@@ -114,12 +203,19 @@ def plan(name: str) -> list[RunSpec]:
         "mini": _all("dapo", (0,))
         + [RunSpec("dapo", s, 0.2, False, 0) for s in ("entropy", "gmts")],
     }
-    if name == "full":
-        specs = table1 + table7 + table6
-    elif name in plans:
-        specs = plans[name]
-    else:
-        specs = [RunSpec.parse(item) for item in name.split(",") if item.strip()]
+    plans["full"] = table1 + table7 + table6
+    specs = []
+    for item in (part.strip() for part in name.split(",")):
+        if item:
+            if item in plans:
+                specs += plans[item]
+                continue
+            try:
+                specs.append(RunSpec.parse(item))
+            except ValueError as error:
+                raise ValueError(f"{error}, or a plan name ({', '.join(sorted(plans))})") from None
+    if not specs:
+        raise ValueError(f"plan {name!r}: no runs (plans: {sorted(plans)}, or run specs)")
     unique: dict[str, RunSpec] = {}
     for spec in specs:
         unique.setdefault(spec.run_id, spec)
@@ -130,42 +226,85 @@ def plan(name: str) -> list[RunSpec]:
 # one run (in its own process)
 
 
+def run_config(
+    spec: RunSpec,
+    model_path: Path | str,
+    run_dir: Path | str,
+    steps: int,
+    eval_every: int,
+    eval_questions: int,
+) -> Any:
+    """The resolved ``TrainConfig`` of one run: the demo's recipe, the run's recipe, selection
+    and seed."""
+    from dataclasses import replace
+
+    from tiny_setup import StepShape, train_config
+
+    cfg = train_config(
+        model_path,
+        run_dir,
+        algorithm=spec.recipe.algorithm,
+        score=spec.score,
+        ratio=spec.ratio,
+        largest=not spec.bottom,
+        shape=StepShape(),
+        steps=steps,
+        seed=spec.seed,
+        eval_questions=eval_questions,
+    )
+    cfg = replace(cfg, data=replace(cfg.data, eval_every=eval_every))
+    return spec.recipe.apply(cfg)
+
+
+def config_fingerprint(cfg: Any, threads: int) -> str:
+    """What decides a run's numbers, as text: the resolved config (its run directory left
+    out) and the thread count. A stored run with another fingerprint is re-run."""
+    from dataclasses import replace
+
+    from gmts.train.config import dump_yaml
+
+    cfg = replace(cfg, logging=replace(cfg.logging, output_dir="-"))
+    return dump_yaml(cfg) + f"threads: {threads}\n"
+
+
+KEEP_METRICS = (
+    "reward/accuracy",
+    "reward/mean",
+    "select/fraction",
+    "policy/entropy",
+    "update/clip_fraction",
+    "time/step_s",
+)
+"""The per-step training metrics a run record keeps."""
+
+
 def run_one(spec: RunSpec, steps: int, eval_every: int, eval_questions: int, threads: int) -> dict:
     import torch
-    from tiny_setup import StepShape, train_config, warm_model_path
+    from tiny_setup import warm_model_path
 
     from gmts.train.trainer import Trainer
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gmts-bench-learning-") as tmp:
-        cfg = train_config(
-            warm_model_path(),
-            Path(tmp) / spec.run_id,
-            algorithm=spec.algorithm,
-            score=spec.score,
-            ratio=spec.ratio,
-            largest=not spec.bottom,
-            shape=StepShape(),
-            steps=steps,
-            seed=spec.seed,
-            eval_questions=eval_questions,
+        model_path = warm_model_path()
+        cfg = run_config(
+            spec, model_path, Path(tmp) / spec.run_id, steps, eval_every, eval_questions
         )
-        cfg.data.eval_every = eval_every
         trainer = Trainer(cfg)
         result = trainer.run()
         evals = []
         eval_file = Path(tmp) / spec.run_id / "eval.jsonl"
         if eval_file.exists():
             evals = [json.loads(line) for line in eval_file.read_text().splitlines() if line]
-    keep = ("reward/accuracy", "reward/mean", "select/fraction", "policy/entropy", "time/step_s")
-    history = [{k: h[k] for k in keep if k in h} for h in result.history]
+    history = [{k: h[k] for k in KEEP_METRICS if k in h} for h in result.history]
     return {
         "spec": asdict(spec),
         "run_id": spec.run_id,
         "steps": steps,
         "eval_every": eval_every,
         "eval_questions": eval_questions,
+        "config": config_fingerprint(cfg, threads),
         "eval_before": result.eval_before,
         "eval_after": result.eval_after,
         "eval_curve": evals,
@@ -250,11 +389,90 @@ def aggregate(runs: list[dict]) -> dict[str, Any]:
         }
         for alg, labels in curves.items()
     }
+    clip: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        history = run.get("history") or []
+        values = [h["update/clip_fraction"] for h in history if "update/clip_fraction" in h]
+        if values:
+            spec = RunSpec(**run["spec"])
+            clip.setdefault(spec.algorithm, {}).setdefault(spec.label, []).append(
+                statistics.fmean(values)
+            )
     return {
         "cells": table,
         "curve_cells": curve_cells,
+        "clip_fraction": {
+            alg: {label: _cell(v) for label, v in sorted(d.items())} for alg, d in clip.items()
+        },
+        "paired": paired(runs),
         "warm_start_average": _cell(before[:1]) if before else _cell([]),
     }
+
+
+def _curve(run: dict) -> list[tuple[int, float]]:
+    """(step, held-out average@k) from before training to the end."""
+    points = {}
+    for k, v in (run.get("eval_before") or {}).items():
+        if k.startswith("average@"):
+            points[0] = float(v)
+    for point in run.get("eval_curve") or []:
+        key = next((k for k in point if k.startswith("average@")), None)
+        if key is not None:
+            points[int(point["step"])] = float(point[key])
+    final = _final_avg(run)
+    if final is not None:
+        points.setdefault(int(run.get("steps") or max(points, default=0)), final)
+    return sorted(points.items())
+
+
+def area_mean(run: dict) -> float | None:
+    """Mean held-out average@k over training (trapezoid area / steps), as in gmts demo."""
+    points = _curve(run)
+    if len(points) < 2:
+        return None
+    area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in zip(points, points[1:]))
+    return area / (points[-1][0] - points[0][0])
+
+
+def _pairs(labels: set[str]) -> list[tuple[str, str]]:
+    """The comparisons each table makes: GMTS vs ETS at the same ratio and side, and each
+    top-20% selection vs all tokens."""
+    out = []
+    for label in sorted(labels):
+        if label.startswith("GMTS ") and "ETS " + label[5:] in labels:
+            out.append((label, "ETS " + label[5:]))
+    for label in ("GMTS top 0.2", "ETS top 0.2"):
+        if label in labels and "all tokens" in labels:
+            out.append((label, "all tokens"))
+    return out
+
+
+def paired(runs: list[dict]) -> dict[str, list[dict[str, Any]]]:
+    """Per recipe, A - B seed by seed (points of held-out average@k): the final evaluation and
+    the mean over training, each with its mean, spread and 95% t interval
+    (gmts.cli.demo_stats.paired_difference)."""
+    from gmts.cli.demo_stats import paired_difference
+
+    by: dict[str, dict[str, dict[int, dict]]] = {}
+    for run in runs:
+        spec = RunSpec(**run["spec"])
+        by.setdefault(spec.algorithm, {}).setdefault(spec.label, {})[spec.seed] = run
+    out: dict[str, list[dict[str, Any]]] = {}
+    for alg, labels in by.items():
+        for a, b in _pairs(set(labels)):
+            seeds = sorted(set(labels[a]) & set(labels[b]))
+            row: dict[str, Any] = {"a": a, "b": b, "seeds": seeds}
+            for what, value in (("final", _final_avg), ("mean", area_mean)):
+                xs = [value(labels[a][s]) for s in seeds]
+                ys = [value(labels[b][s]) for s in seeds]
+                ok = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+                row[what] = (
+                    asdict(paired_difference([100 * x for x, _ in ok], [100 * y for _, y in ok]))
+                    if ok
+                    else None
+                )
+            out.setdefault(alg, []).append(row)
+    return out
 
 
 def plot_curves(runs: list[dict], out_dir: Path) -> list[str]:
@@ -344,16 +562,22 @@ def run(options) -> dict[str, Any]:
     runs_dir = options.out_dir / "learning_runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
 
+    from tiny_setup import warm_model_path
+
+    model_path = warm_model_path()  # trained here once (minutes), not by every worker at once
+
+    def fingerprint(spec: RunSpec) -> str:
+        cfg = run_config(
+            spec, model_path, runs_dir / spec.run_id, steps, eval_every, eval_questions
+        )
+        return config_fingerprint(cfg, options.threads)
+
     def needed(spec: RunSpec) -> bool:
         path = runs_dir / f"{spec.run_id}.json"
         if not path.exists():
             return True
         old = json.loads(path.read_text())
-        return (old.get("steps"), old.get("eval_every"), old.get("eval_questions")) != (
-            steps,
-            eval_every,
-            eval_questions,
-        )
+        return old.get("config") != fingerprint(spec)
 
     todo = [s for s in specs if needed(s)]
     print(f"  learning: plan {plan_name!r}: {len(specs)} runs, {len(todo)} to do", flush=True)
@@ -374,14 +598,22 @@ def run(options) -> dict[str, Any]:
         for future in futures:
             messages.append(future.result())
             print("  learning:", messages[-1], flush=True)
-    wanted = {s.run_id for s in specs}
+    wanted = {s.run_id: fingerprint(s) for s in specs}
     runs = []
+    stale = []
     for path in sorted(runs_dir.glob("*.json")):
         run_record = json.loads(path.read_text())
-        if run_record["run_id"] in wanted and run_record.get("steps") == steps:
+        if run_record["run_id"] not in wanted:
+            continue
+        if run_record.get("config") == wanted[run_record["run_id"]]:
             runs.append(run_record)
+        else:  # a run that failed this time: its older file is not this plan's result
+            stale.append(run_record["run_id"])
+    from bench_common import DEFAULT_RESULTS_DIR
+
+    to_docs = not options.quick and options.out_dir.resolve() == DEFAULT_RESULTS_DIR.resolve()
     figure_dir = (
-        options.out_dir / "figures" if options.quick else REPO_ROOT / "docs" / "figures" / "results"
+        REPO_ROOT / "docs" / "figures" / "results" if to_docs else options.out_dir / "figures"
     )
     figures = plot_curves(runs, figure_dir) if runs else []
     summary = aggregate(runs)
@@ -422,8 +654,15 @@ def run(options) -> dict[str, Any]:
             "eval_samples": 16,
             "jobs": jobs,
             "warm_start_seed": 0,
+            "warm_start": Path(model_path).name,
+            "recipes": {
+                name: {"title": r.title, "description": r.description}
+                for name, r in RECIPES.items()
+                if any(spec.algorithm == name for spec in specs)
+            },
         },
         "failures": [m for m in messages if not m.endswith(": ok")],
+        "stale_runs_left_out": stale,
         "rows": rows,
         "summary": summary,
         "figures": [

@@ -1,6 +1,7 @@
-"""Render ``benchmarks/results/*.json`` as markdown tables inside docs/results.md.
+"""Render ``benchmarks/results/*.json`` as markdown tables inside docs/results.md (and the
+demo's output, ``results/demo.json``, inside README.md and docs/training.md).
 
-docs/results.md is prose written by hand around generated blocks; each block sits between
+The pages are prose written by hand around generated blocks; each block sits between
 ``<!-- results:NAME:begin -->`` and ``<!-- results:NAME:end -->`` and is replaced wholesale
 from ``results/NAME.json``. Run ``python benchmarks/report.py`` to refresh it without
 re-running anything (run.py does this after each full run).
@@ -244,18 +245,26 @@ def render_learning(record: dict[str, Any]) -> str:
         + _table(["algorithm", "all tokens", "+ETS 20%", "+GMTS 20%"], t1)
     )
     curves = record["summary"].get("curve_cells") or {}
-    for alg in ("grpo", "dapo"):
+    recipes = _recipes(record)
+    for alg in recipes:
         labels = [
             k for k in ("all tokens", "ETS top 0.2", "GMTS top 0.2") if k in curves.get(alg, {})
         ]
         steps = sorted({int(st) for k in labels for st in curves[alg][k]})
         if len(steps) > 1:
             rows = [[k] + [_mean_std(curves[alg][k].get(str(st))) for st in steps] for k in labels]
+            last = "Table 1's" if alg in ("grpo", "dapo") else "the objectives table's"
             parts.append(
-                f"**{alg.upper()}, held-out average@{s['eval_samples']} (%) by training step** "
-                "(how fast each method learns; the last column is Table 1's):\n\n"
+                f"**{recipes[alg]}, held-out average@{s['eval_samples']} (%) by training step** "
+                f"(how fast each method learns; the last column is {last}):\n\n"
                 + _table(["method"] + [f"step {st}" for st in steps], rows)
             )
+    objectives = render_objectives(record)
+    if objectives:
+        parts.append(objectives)
+    paired = render_paired(record)
+    if paired:
+        parts.append(paired)
     dapo = cells.get("dapo", {})
     ratios = sorted({float(k.split()[-1]) for k in dapo if " top " in k})
     if ratios:
@@ -327,6 +336,132 @@ def render_rollout(record: dict[str, Any]) -> str:
     return head + table + tail
 
 
+_TITLES = {"grpo": "GRPO", "dapo": "DAPO"}
+_RECIPE_ORDER = ("grpo", "dapo", "dapo-4mb", "gspo", "cispo")
+
+
+def _recipes(record: dict[str, Any]) -> dict[str, str]:
+    """Recipe key -> table title, for the recipes the record has runs of, in the order of
+    bench_learning.RECIPES (the JSON's own key order is sorted)."""
+    known = {k: v["title"] for k, v in record["settings"].get("recipes", {}).items()}
+    present = set(record["summary"]["cells"])
+    order = [k for k in _RECIPE_ORDER if k in present] + sorted(present - set(_RECIPE_ORDER))
+    return {k: known.get(k, _TITLES.get(k, k.upper())) for k in order}
+
+
+def _signed(d: dict[str, Any] | None) -> str:
+    """A paired difference (gmts.cli.demo_stats.PairedDifference as a dict), in points."""
+    if not d:
+        return "—"
+    if d.get("std") is None or d.get("low") is None:
+        return f"{d['mean']:+.1f} (n=1)"
+    clear = " **clear**" if d["low"] > 0 or d["high"] < 0 else ""
+    return (
+        f"{d['mean']:+.1f} ± {d['std']:.1f} [{d['low']:+.1f}, {d['high']:+.1f}]{clear} "
+        f"({sum(v > 0 for v in d['values'])}/{len(d['values'])} seeds > 0)"
+    )
+
+
+OBJECTIVE_RECIPES = ("dapo-4mb", "gspo", "cispo")
+"""The recipes of the objectives table (same four updates per rollout batch)."""
+
+
+def render_objectives(record: dict[str, Any]) -> str:
+    """GSPO / CISPO (and their DAPO reference) x {all tokens, ETS 20%, GMTS 20%}: the final
+    held-out average, the paired GMTS - ETS difference and the clip fraction."""
+    s = record["settings"]
+    cells = record["summary"]["cells"]
+    clip = record["summary"].get("clip_fraction") or {}
+    paired = record["summary"].get("paired") or {}
+    recipes = _recipes(record)
+    labels = ("all tokens", "ETS top 0.2", "GMTS top 0.2")
+    rows = []
+    for alg in OBJECTIVE_RECIPES:
+        if alg not in cells:
+            continue
+        gmts_ets = next(
+            (p for p in paired.get(alg, []) if (p["a"], p["b"]) == ("GMTS top 0.2", "ETS top 0.2")),
+            None,
+        )
+        clip_cell = (clip.get(alg) or {}).get("all tokens")
+        rows.append(
+            [recipes.get(alg, alg)]
+            + [_mean_std(cells[alg].get(k)) for k in labels]
+            + [
+                _signed(gmts_ets and gmts_ets.get("mean")),
+                _signed(gmts_ets and gmts_ets.get("final")),
+                "—"
+                if not clip_cell or clip_cell.get("mean") is None
+                else f"{100 * clip_cell['mean']:.2f}%",
+            ]
+        )
+    if not rows:
+        return ""
+    known = s.get("recipes", {})
+    described = "; ".join(
+        f"{known[k]['title']}: {known[k]['description']}"
+        for k in OBJECTIVE_RECIPES
+        if k in known and known[k].get("description")
+    )
+    return (
+        f"**Objectives** (top 20%; final held-out average@{s['eval_samples']} (%), mean ± std "
+        "over seeds; GMTS - ETS paired by seed, in points: mean ± std [95% t interval], "
+        "**clear** when the interval excludes 0; clip fraction: the share of tokens whose "
+        "ratio or weight was clipped, all-token runs, mean over steps). "
+        + described
+        + ".\n\n"
+        + _table(
+            [
+                "objective",
+                "all tokens",
+                "+ETS 20%",
+                "+GMTS 20%",
+                "GMTS - ETS, mean over training",
+                "GMTS - ETS, final",
+                "clip fraction",
+            ],
+            rows,
+        )
+    )
+
+
+def render_paired(record: dict[str, Any]) -> str:
+    """Every recipe's paired differences (the same seeds, the same warm start)."""
+    paired = record["summary"].get("paired") or {}
+    recipes = _recipes(record)
+    rows = [
+        [
+            recipes.get(alg, alg),
+            f"{p['a']} - {p['b']}",
+            _signed(p.get("mean")),
+            _signed(p.get("final")),
+        ]
+        for alg in recipes
+        for p in paired.get(alg, [])
+    ]
+    if not rows:
+        return ""
+    return (
+        "**Paired differences** (A - B seed by seed, in points of held-out average@16: mean ± "
+        "std over seeds [95% t interval]; **clear** when the interval excludes 0, i.e. the "
+        "difference is larger than the seed-to-seed spread):\n\n"
+        + _table(["recipe", "A - B", "mean over training", "final"], rows)
+    )
+
+
+def render_demo(record: dict[str, Any]) -> str:
+    """``gmts demo``'s printed table (``gmts demo --json``) and where it ran."""
+    m = record.get("machine", {})
+    env = ", ".join(f"{k}={v}" for k, v in (m.get("env") or {}).items()) or "none set"
+    return (
+        f"CPU: {m.get('cpu', '?')} ({m.get('nproc', '?')} cores; SIMD flags "
+        f"{', '.join(m.get('simd_flags') or []) or 'none'}; torch kernels "
+        f"{m.get('torch_cpu_capability', '?')}); torch {m.get('torch', '?')}, transformers "
+        f"{m.get('transformers', '?')}; floating-point environment: {env}.\n\n"
+        "```\n" + record["table"].rstrip() + "\n```"
+    )
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "selection": render_selection,
     "logprobs": render_logprobs,
@@ -334,6 +469,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "throughput": render_throughput,
     "learning": render_learning,
     "rollout": render_rollout,
+    "demo": render_demo,
 }
 
 
@@ -392,13 +528,13 @@ def render_machine(records: list[dict[str, Any]]) -> str:
 
 def _replace_block(text: str, name: str, block: str) -> tuple[str, bool]:
     """Replace the body between ``<!-- results:NAME:begin/end -->``; (text, whether found)."""
-    pattern = re.compile(
-        rf"(<!-- results:{re.escape(name)}:begin -->\n).*?(\n<!-- results:{re.escape(name)}:end -->)",
+    pattern = re.compile(  # the body may be empty (a block not generated yet)
+        rf"(<!-- results:{re.escape(name)}:begin -->\n)(?:.*?\n)?(<!-- results:{re.escape(name)}:end -->)",
         re.S,
     )
     if not pattern.search(text):
         return text, False
-    return pattern.sub(lambda m: m.group(1) + block + m.group(2), text), True
+    return pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text), True
 
 
 def _update_blocks(text: str, results_dir: Path, prefix: str) -> tuple[str, list[str]]:
@@ -422,8 +558,16 @@ def _update_blocks(text: str, results_dir: Path, prefix: str) -> tuple[str, list
     return text, updated
 
 
-def update_results_doc(results_dir: Path, doc: Path = DOC) -> list[str]:
-    """Replace every generated block of ``doc`` whose JSON exists; return the names updated."""
+OTHER_DOCS = (BENCH_DIR.parent / "README.md", BENCH_DIR.parent / "docs" / "training.md")
+"""Other pages with generated blocks (the demo's output: ``results/demo.json``)."""
+
+
+def update_results_doc(
+    results_dir: Path, doc: Path = DOC, other_docs: tuple[Path, ...] | None = None
+) -> list[str]:
+    """Replace every generated block of ``doc`` (and of ``other_docs``: by default
+    ``OTHER_DOCS`` when ``doc`` is docs/results.md, else none) whose JSON exists; return the
+    names updated (``page:name`` for the other pages)."""
     if not doc.exists():
         print(f"[report] {doc} does not exist; nothing to update", file=sys.stderr)
         return []
@@ -434,6 +578,15 @@ def update_results_doc(results_dir: Path, doc: Path = DOC) -> list[str]:
         updated += gpu_updated
     doc.write_text(text)
     print(f"[report] refreshed {doc.name}: {', '.join(updated) or 'nothing'}")
+    for page in OTHER_DOCS if other_docs is None and doc == DOC else other_docs or ():
+        if not page.exists():
+            continue
+        text, names = _update_blocks(page.read_text(), results_dir, "")
+        names = [n for n in names if n != "machine"]
+        if names:
+            page.write_text(text)
+            print(f"[report] refreshed {page.name}: {', '.join(names)}")
+            updated += [f"{page.name}:{n}" for n in names]
     return updated
 
 

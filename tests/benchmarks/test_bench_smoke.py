@@ -205,3 +205,163 @@ def test_report_renders_gpu_results_into_their_own_blocks(tmp_path: Path) -> Non
     cpu_part, gpu_part = doc.read_text().split("results:gpu-selection:begin")
     assert "cpu-boom" in cpu_part and "gpu-boom" not in cpu_part
     assert "gpu-boom" in gpu_part and "not run" not in gpu_part
+
+
+def test_learning_recipes_extend_the_run_specs() -> None:
+    """The first field of a run spec names a recipe; grpo and dapo mean what they meant."""
+    objectives = bench_learning.plan("objectives")
+    assert len(objectives) == 27 and {s.algorithm for s in objectives} == {
+        "dapo-4mb",
+        "gspo",
+        "cispo",
+    }
+    both = bench_learning.plan("full,objectives,gspo:gmts:0.2:0")  # the last one is in both
+    assert len(both) == 42 + 27
+    spec = bench_learning.RunSpec.parse("gspo:gmts:0.2:1")
+    assert (spec.recipe.algorithm, spec.recipe.objective, spec.run_id) == (
+        "grpo",
+        "gspo",
+        "gspo-gmts-top0.2-seed1",
+    )
+    assert bench_learning.RunSpec.parse("dapo:none:1:0").run_id == "dapo-all-seed0"  # as before
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        bench_learning.RunSpec.parse("ppo:gmts:0.2:0")
+    with pytest.raises(ValueError, match="or a plan name"):
+        bench_learning.plan("ful")
+
+
+def test_learning_recipe_configs(tmp_path: Path) -> None:
+    """Each recipe's resolved trainer config: the objective preset, the mini-batches, dynamic
+    sampling from the algorithm; the fingerprint sees every difference but the run dir."""
+    from gmts.core.objectives import ObjectiveConfig
+
+    def cfg(text: str, run_dir: str = "a"):
+        spec = bench_learning.RunSpec.parse(text)
+        return bench_learning.run_config(spec, "m", tmp_path / run_dir, 10, 5, 8)
+
+    gspo, cispo, ref, dapo = (
+        cfg(t)
+        for t in ("gspo:gmts:0.2:0", "cispo:none:1:0", "dapo-4mb:entropy:0.2:0", "dapo:none:1:0")
+    )
+    assert gspo.objective == ObjectiveConfig.preset("gspo") and not gspo.rollout.dynamic_sampling
+    assert cispo.objective == ObjectiveConfig.preset("cispo") and cispo.rollout.dynamic_sampling
+    assert ref.objective == dapo.objective == ObjectiveConfig.preset("dapo")
+    assert (gspo.mini_batch_questions, ref.mini_batch_questions, dapo.mini_batch_questions) == (
+        8,
+        8,
+        32,
+    )
+    assert (gspo.selection.score, gspo.optim.steps, gspo.data.eval_every) == ("gmts", 10, 5)
+    fp = bench_learning.config_fingerprint
+    assert fp(gspo, 1) == fp(cfg("gspo:gmts:0.2:0", "elsewhere"), 1)
+    assert fp(gspo, 1) != fp(gspo, 2) and fp(gspo, 1) != fp(cfg("gspo:gmts:0.2:1"), 1)
+
+
+def _run_record(recipe: str, score: str, seed: int, curve: list[float], clip: float) -> dict:
+    spec = bench_learning.RunSpec(recipe, score, 1.0 if score == "none" else 0.2, False, seed)
+    return {
+        "spec": bench_learning.asdict(spec),
+        "run_id": spec.run_id,
+        "steps": 50,
+        "eval_before": {"average@16": curve[0], "pass@16": 0.5},
+        "eval_curve": [
+            {"step": 0, "average@16": curve[0]},
+            {"step": 25, "average@16": curve[1]},
+            {"step": 50, "average@16": curve[2]},
+        ],
+        "eval_after": {"average@16": curve[2], "pass@16": 0.9},
+        "history": [{"update/clip_fraction": clip, "select/fraction": 1.0}],
+        "wall_s": 1.0,
+    }
+
+
+def test_learning_paired_differences_and_objectives_table() -> None:
+    runs = []
+    for seed in range(3):
+        runs.append(_run_record("gspo", "none", seed, [0.1, 0.3, 0.5], 0.4))
+        runs.append(_run_record("gspo", "entropy", seed, [0.1, 0.2, 0.4 + 0.01 * seed], 0.3))
+        runs.append(_run_record("gspo", "gmts", seed, [0.1, 0.3, 0.5 + 0.02 * seed], 0.3))
+    summary = bench_learning.aggregate(runs)
+    pairs = {(p["a"], p["b"]): p for p in summary["paired"]["gspo"]}
+    gmts_ets = pairs[("GMTS top 0.2", "ETS top 0.2")]
+    assert gmts_ets["final"]["values"] == pytest.approx([10.0, 11.0, 12.0])
+    # mean over training, trapezoid over 0-25-50: (0.1 + 2 * 0.3 + 0.5) / 4 vs (0.1 + 2 * 0.2 + 0.4) / 4
+    assert gmts_ets["mean"]["values"][0] == pytest.approx(100 * (1.2 - 0.9) / 4)
+    assert ("GMTS top 0.2", "all tokens") in pairs and ("ETS top 0.2", "all tokens") in pairs
+    assert summary["clip_fraction"]["gspo"]["all tokens"]["mean"] == pytest.approx(0.4)
+    record = {
+        "settings": {
+            "plan": "objectives",
+            "runs_done": 9,
+            "runs_in_plan": 27,
+            "steps": 50,
+            "questions": 32,
+            "group_size": 8,
+            "lr": 2e-4,
+            "eval_samples": 16,
+            "eval_questions": 200,
+            "recipes": {"gspo": {"title": "GSPO", "description": "the GSPO paper's"}},
+        },
+        "summary": summary,
+    }
+    text = report.render_learning(record)
+    objectives = text.split("**Objectives**")[1].split("\n\n")[1]
+    gspo_row = objectives.splitlines()[2]
+    assert gspo_row.startswith("| GSPO | 50.0 ± 0.0 (n=3) | 41.0 ± 1.0 (n=3) | 52.0 ± 2.0 (n=3) |")
+    assert "+11.0 ± 1.0 [+8.5, +13.5] **clear** (3/3 seeds > 0)" in gspo_row
+    assert gspo_row.endswith("| 40.00% |")
+    assert "**GSPO, held-out average@16 (%) by training step**" in text
+    assert "**Paired differences**" in text
+
+
+def test_report_renders_the_demo_into_the_other_pages(tmp_path: Path) -> None:
+    record = {
+        "benchmark": "demo",
+        "status": "ok",
+        "command": "gmts demo",
+        "date": "2026-12-02",
+        "commit": "abc1234",
+        "threads": 1,
+        "wall_s": 300.0,
+        "machine": {"cpu": "AMD EPYC", "nproc": 2, "simd_flags": ["avx2"], "uptime": "load 0.5"},
+        "uptime_after": "load 1.0",
+        "table": "DAPO on 'addition' ...\nGMTS top 20% - ETS top 20%   mean  +3.0",
+    }
+    (tmp_path / "demo.json").write_text(json.dumps(record))
+    doc = tmp_path / "results.md"
+    doc.write_text("no demo block here\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- results:demo:begin -->\nold\n<!-- results:demo:end -->\nb\n")
+    assert report.update_results_doc(tmp_path, doc, other_docs=(readme,)) == ["README.md:demo"]
+    text = readme.read_text()
+    assert "old" not in text and "GMTS top 20% - ETS top 20%   mean  +3.0" in text
+    assert "`gmts demo`" in text and "AMD EPYC" in text and text.endswith("end -->\nb\n")
+
+
+def test_warmstart_stop_replays_the_warm_starts_own_rule() -> None:
+    """benchmarks/warmstart_stop.py replays gmts.embedded.warmstart.StopCheck on a trace: a
+    coarse rule overshoots a steep rise, the fine rule with a mean does not stop on one lucky
+    check."""
+    from dataclasses import replace
+
+    from gmts.embedded.warmstart import WarmStartConfig
+
+    ws = _load("gmts_bench_warmstart_stop", "warmstart_stop.py")
+    # every 10th step below DENSE_FROM, then every step: a steep rise with one lucky check
+    rising = {11: 0.1, 12: 0.15, 13: 0.2, 14: 0.25, 15: 0.5, 16: 0.3, 17: 0.33, 18: 0.36}
+    rising.update({19: 0.38, 20: 0.6, 21: 0.62, 22: 0.64})
+    trace = [{"step": 10, "check@100": 0.01, "check@400": 0.01}] + [
+        {"step": s, "check@100": a, "check@400": a, "held_out": a} for s, a in rising.items()
+    ]
+    before = WarmStartConfig(check_questions=100, fine_check_from=None, stop_window=1)
+    stop = ws.replay(before, trace)
+    assert stop["step"] == 20 and stop["overshoot"] == pytest.approx(0.25)
+    stop = ws.replay(replace(before, check_every=1), trace)
+    assert stop["step"] == 15  # the lucky check
+    # checks at 10, 12, 14 (0.25: every step from now on), 15 (0.5 alone would stop), 16
+    stop = ws.replay(WarmStartConfig(check_every=2, stop_window=3, stop_at_greedy=0.34), trace)
+    assert stop["step"] == 16 and stop["check"] == pytest.approx((0.25 + 0.5 + 0.3) / 3)
+    assert ws.replay(WarmStartConfig(), trace) is None  # 4 checks (10, 20, 21, 22) < stop_window
+    assert ws.replay(replace(before, check_questions=200), trace) is None  # not traced
+    summary = ws.summarize({"t": {"trace": trace}}, (before,))
+    assert summary["rules"][0]["max_overshoot"] == pytest.approx(0.25)

@@ -324,12 +324,15 @@ def test_bfloat16_with_gradient_checkpointing_runs(tiny_dir, tmp_path):
     assert row["update/skipped_nonfinite"] == 0
 
 
-def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
-    """gmts demo's driver on a tiny budget (the warm start replaced by the tiny model): one
-    shared step-0 evaluation, the intermediate ones, a curve per run, the table and the plot."""
+def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
+    """gmts demo's driver on a tiny budget (the warm start replaced by the tiny model), two RL
+    seeds: one shared step-0 evaluation per seed, the intermediate ones, a curve per run, the
+    paired table, the plot, and the CLI's JSON (with one seed: the one-seed table)."""
+    import argparse
     import shutil
 
     import gmts.embedded.warmstart as warmstart
+    from gmts.cli import demo
     from gmts.cli.demo import DemoSettings, format_table, run_demo
 
     warm = Path(shutil.copytree(tiny_dir, tmp_path / "warm"))
@@ -343,44 +346,80 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch):
             }
         )
     )
-    monkeypatch.setattr(warmstart, "warm_start", lambda *a, **k: warm)
-    settings = DemoSettings(
-        overrides=(
-            "optim.steps=2",
-            "data.eval_every=1",
-            "rollout.questions_per_batch=2",
-            "rollout.group_size=2",
-            "optim.micro_batch_size=4",
-            "data.eval_questions=4",
-            "data.eval_samples=2",
-        ),
-        output_dir=str(tmp_path / "demo"),
+    seeds_warmed = []
+    monkeypatch.setattr(
+        warmstart, "warm_start", lambda *a, **k: seeds_warmed.append(k["seed"]) or warm
     )
+    tiny = (
+        "optim.steps=2",
+        "data.eval_every=1",
+        "rollout.questions_per_batch=2",
+        "rollout.group_size=2",
+        "optim.micro_batch_size=4",
+        "data.eval_questions=4",
+        "data.eval_samples=2",
+    )
+    settings = DemoSettings(overrides=tiny, output_dir=str(tmp_path / "demo"), seeds=2)
     result = run_demo(settings, progress=False)
-    assert [r.method for r in result.rows] == ["all tokens", "ETS top 20%", "GMTS top 20%"]
-    assert [round(r.selected_fraction, 1) for r in result.rows][0] == 1.0
+    labels = ["all tokens", "ETS top 20%", "GMTS top 20%"]
+    assert result.seeds == [0, 1] and result.methods == labels
+    assert seeds_warmed == [0, 1] and sorted(result.warm_starts) == [0, 1]  # one per seed
+    assert [(r.seed, r.method) for r in result.rows] == [(s, m) for s in (0, 1) for m in labels]
+    assert result.rows[0].selected_fraction == 1.0
     # at most ceil(20%) of each tiny batch; ETS at least that, GMTS fewer where its scores are
     # 0 (the paper preset never selects a zero-gradient token: with 2 tiny groups of equal
     # rewards every advantage, so every GMTS score, is 0)
-    ets, gmts_row = result.rows[1:]
-    assert 0.2 <= ets.selected_fraction < 0.5 and 0.0 <= gmts_row.selected_fraction < 0.5
-    for row, score in zip(result.rows, ("none", "entropy", "gmts")):
-        assert len(read_metrics(tmp_path / "demo" / score)) == 2
+    for row in result.rows:
+        if row.method != "all tokens":
+            assert 0.0 <= row.selected_fraction < 0.5
+            if row.method.startswith("ETS"):
+                assert row.selected_fraction >= 0.2
+    for row in result.rows:
+        score = demo.METHODS[row.method.split()[0] if row.method != "all tokens" else row.method]
+        run_dir = tmp_path / "demo" / f"seed{row.seed}" / score
+        assert row.run_dir == str(run_dir) and len(read_metrics(run_dir)) == 2
+        assert read_metrics(run_dir)[0]["step"] == 1
         assert sorted(row.curve) == [0, 1, 2]  # before, every step, after
-        assert row.curve[0] == result.rows[0].curve[0]  # one evaluation of the warm start
+        first_of_seed = next(r for r in result.rows if r.seed == row.seed)
+        assert row.curve[0] == first_of_seed.curve[0]  # one evaluation of the warm start
         a0, a1, a2 = (a for _, a in row.average(2))
         assert row.area_mean(2) == pytest.approx((a0 + 2 * a1 + a2) / 4)
+    assert [(c.a, c.b, c.mean.n) for c in demo.compare(result)] == [
+        ("GMTS top 20%", "ETS top 20%", 2),
+        ("GMTS top 20%", "all tokens", 2),
+        ("ETS top 20%", "all tokens", 2),
+    ]
     table = format_table(result)
-    assert "GMTS top 20%" in table and "average@2" in table and "greedy accuracy 25.0%" in table
-    assert "7 supervised steps (stopped at 40% greedy on the check questions)" in table
-    result.warm_start["check_accuracy"] = 0.3  # a warm start that ran out of steps says so
-    assert "did NOT reach its 35% check target: 30%" in format_table(result)
+    assert "seeds 0-1 (2), each from its warm start" in table and "mean±std over 2 seeds" in table
+    assert "GMTS top 20% - ETS top 20%" in table and "ahead on" in table
+    assert "warm start of seed 1: 7 supervised steps (stopped at 40.0% greedy on the check" in table
+    result.warm_starts[1] = {**result.warm_starts[1], "check_accuracy": 0.3}  # out of steps
+    assert "did NOT reach its 35% check target: 30.0%" in format_table(result)
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 0
     assert f"xdg-open {tmp_path / 'demo' / 'curves.png'}" in table
+
+    # the command: one seed prints the exact one-seed table; --json keeps it with the machine
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    out = tmp_path / "one" / "demo.json"
+    args = parser.parse_args(
+        [*tiny, "--seeds=1", "--methods=GMTS", "--no-progress", f"--output-dir={tmp_path / 'one'}"]
+        + [f"--json={out}"]
+    )
+    assert demo.run(args) == 0
+    printed = capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["table"].strip() in printed and "one seed" in record["table"]
+    assert "warm start: 7 supervised steps" in record["table"]
+    assert record["benchmark"] == "demo" and record["comparisons"] == []
+    assert record["machine"]["torch_cpu_capability"] and record["threads"] == 1
+    assert [r["method"] for r in record["result"]["rows"]] == ["GMTS top 20%"]
     with pytest.raises(ValueError, match="optim.nope"):
         run_demo(DemoSettings(overrides=("optim.nope=1",)), progress=False)
     with pytest.raises(ValueError, match="methods"):
         DemoSettings(methods=("GRPO",))
+    with pytest.raises(ValueError, match="seeds"):
+        DemoSettings(seeds=0)
 
 
 def test_demo_recipe_is_the_one_config_file():

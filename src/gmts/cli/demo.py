@@ -1,25 +1,35 @@
 """``gmts demo [section.field=value ...]``: all tokens vs ETS vs GMTS under one recipe, from one
-warm start.
+warm start, over several RL seeds.
 
 The recipe is ``demo.yaml`` next to this file (the one copy; ``configs/demo.yaml`` links to it).
-The three policies differ only in ``selection.score``: they start from the same cached warm
-start (gmts.embedded.warmstart), see the same questions in the same order (same seed) and get the
-same budget (steps x questions x samples). Held-out average@k is measured before training, every
-``data.eval_every`` steps and at the end, on the task's reserved questions: the table prints that
-learning curve and its mean over training (area under the curve / steps), and the curves are
-drawn to ``<output_dir>/curves.png``.
+The three policies differ only in ``selection.score``: within a seed they start from the same
+cached warm start (gmts.embedded.warmstart), see the same questions in the same order and get
+the same budget (steps x questions x samples). Each method is trained once per seed (``--seeds
+N``: the recipe's ``seed`` and the N - 1 after it), each seed with its own warm start, so the
+methods are compared seed by seed (paired) and the table says whether a difference is larger
+than the spread between seeds (gmts.cli.demo_stats). One seed's ordering is not a measurement:
+the warm start, and so every curve, moves with the seed and with the CPU's floating-point path
+(docs/training.md); a warm start per seed puts that variation into the spread. Held-out average@k is measured before training,
+every ``data.eval_every`` steps and at the end, on the task's reserved questions: the table
+prints that learning curve and its mean over training (area under the curve / steps), and the
+curves are drawn to ``<output_dir>/curves.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import os
+import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmts.cli.demo_stats import PairedDifference, mean_std, paired_difference
 from gmts.train.config import TrainConfig, load_config
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
@@ -30,6 +40,12 @@ METHODS = {"all tokens": "none", "ETS": "entropy", "GMTS": "gmts"}
 
 PLOT_METRICS = ("average@{k}", "reward/accuracy", "policy/entropy")
 """Panels of the demo's curves.png: held-out average@k (eval.jsonl), then training metrics."""
+
+DEFAULT_SEEDS = 3
+"""RL seeds per method by default (9 runs; docs/training.md has the wall time)."""
+
+FLOAT_PATH_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "OMP_NUM_THREADS")
+"""Environment variables that change the floating-point path (recorded in the JSON when set)."""
 
 
 def demo_recipe(overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
@@ -43,29 +59,37 @@ class DemoSettings:
 
     Attributes:
         overrides: ``section.field=value`` items applied to ``demo.yaml`` (as for gmts train).
-        output_dir: the runs go to ``<output_dir>/<selection.score>``, the plot to
+        output_dir: the runs go to ``<output_dir>/seed<S>/<selection.score>``, the plot to
             ``<output_dir>/curves.png``.
         cache_dir: warm-start cache (None: ``gmts.embedded.warmstart.default_cache_dir()``).
         methods: a subset of ``METHODS``, in table order.
+        seeds: seeds per method: the recipe's ``seed`` and the ``seeds - 1`` after it; each
+            seed has its own warm start (when ``model.path`` is "embedded") and RL seed.
     """
 
     overrides: tuple[str, ...] = ()
     output_dir: str = "runs/demo"
     cache_dir: str | None = None
     methods: tuple[str, ...] = tuple(METHODS)
+    seeds: int = DEFAULT_SEEDS
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"unknown demo methods {unknown}; valid: {list(METHODS)}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"demo methods listed twice: {list(self.methods)}")
+        if not isinstance(self.seeds, int) or isinstance(self.seeds, bool) or self.seeds < 1:
+            raise ValueError(f"seeds must be an integer >= 1, got {self.seeds!r}")
 
 
 @dataclass
 class DemoRow:
-    """One policy's line of the table. ``curve`` maps RL step -> held-out metrics (keys
+    """One run: one method with one RL seed. ``curve`` maps RL step -> held-out metrics (keys
     ``average@k``/``pass@k``), step 0 being the warm start and the last step the final policy."""
 
     method: str
+    seed: int
     curve: dict[int, dict[str, float]]
     step_time_s: float
     selected_fraction: float
@@ -84,17 +108,79 @@ class DemoRow:
         area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in zip(points, points[1:]))
         return area / (points[-1][0] - points[0][0])
 
+    def final(self, k: int) -> float:
+        """Held-out average@k of the final policy."""
+        return self.average(k)[-1][1]
+
+    def gain(self, k: int) -> float:
+        """Final minus starting held-out average@k."""
+        points = self.average(k)
+        return points[-1][1] - points[0][1]
+
 
 @dataclass
 class DemoResult:
-    """The recipe, the warm start, one row per method, the plot and the wall-clock times."""
+    """The recipe, each seed's warm start (``warmstart.json``; none for a ``model.path``
+    given), one row per (seed, method), the plot and the times."""
 
     config: TrainConfig
-    warm_start: dict[str, Any]
+    warm_starts: dict[int, dict[str, Any]]
     warm_start_s: float
+    seeds: list[int] = field(default_factory=list)
     rows: list[DemoRow] = field(default_factory=list)
     total_s: float = 0.0
     plot: str | None = None
+
+    @property
+    def methods(self) -> list[str]:
+        """Method labels in table order."""
+        return list(dict.fromkeys(r.method for r in self.rows))
+
+    def runs(self, method: str) -> list[DemoRow]:
+        """``method``'s rows in seed order."""
+        return sorted((r for r in self.rows if r.method == method), key=lambda r: r.seed)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Method ``a`` minus method ``b``, seed by seed, in points of held-out average@k: the
+    ``mean`` over training (learning speed) and the ``final`` evaluation."""
+
+    a: str
+    b: str
+    mean: PairedDifference
+    final: PairedDifference
+
+
+def compare(result: DemoResult) -> list[Comparison]:
+    """Every pair of methods, a later one in table order minus an earlier one (the last method
+    first: GMTS - ETS, GMTS - all tokens, ETS - all tokens), paired by seed; a seed that lacks
+    one of the two runs is left out of that pair."""
+    k = result.config.data.eval_samples
+    methods = result.methods
+    out = []
+    for j in reversed(range(len(methods))):
+        a = methods[j]
+        for b in reversed(methods[:j]):
+            runs_a = {r.seed: r for r in result.runs(a)}
+            runs_b = {r.seed: r for r in result.runs(b)}
+            pairs = [(runs_a[s], runs_b[s]) for s in sorted(set(runs_a) & set(runs_b))]
+            if not pairs:
+                continue
+            out.append(
+                Comparison(
+                    a=a,
+                    b=b,
+                    mean=paired_difference(
+                        [100 * x.area_mean(k) for x, _ in pairs],
+                        [100 * y.area_mean(k) for _, y in pairs],
+                    ),
+                    final=paired_difference(
+                        [100 * x.final(k) for x, _ in pairs], [100 * y.final(k) for _, y in pairs]
+                    ),
+                )
+            )
+    return out
 
 
 def method_label(method: str, cfg: TrainConfig) -> str:
@@ -106,24 +192,35 @@ def method_label(method: str, cfg: TrainConfig) -> str:
 
 
 def method_config(
-    base: TrainConfig, method: str, model_path: str, output_dir: str | Path, progress: bool
+    base: TrainConfig,
+    method: str,
+    model_path: str,
+    output_dir: str | Path,
+    progress: bool,
+    seed: int | None = None,
 ) -> TrainConfig:
-    """``base`` for one demo policy: its score, its run directory, the warm start's path; the
-    starting policy is evaluated once by the demo, not by each run."""
+    """``base`` for one demo run: its score, its RL seed (None: the recipe's), its run
+    directory ``<output_dir>/seed<S>/<score>`` and the warm start's path; the starting policy
+    is evaluated once per seed by the demo, not by each run."""
     score = METHODS[method]
+    seed = base.seed if seed is None else seed
     return dataclasses.replace(
         base,
+        seed=seed,
         model=dataclasses.replace(base.model, path=model_path),
         data=dataclasses.replace(base.data, eval_before=False),
         selection=dataclasses.replace(base.selection, score=score),
         logging=dataclasses.replace(
-            base.logging, output_dir=str(Path(output_dir) / score), progress=progress
+            base.logging,
+            output_dir=str(Path(output_dir) / f"seed{seed}" / score),
+            progress=progress,
         ),
     )
 
 
 def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> DemoResult:
-    """Warm start (cached), evaluate it once, train each method, plot the curves."""
+    """For each seed: its warm start (cached), one evaluation of it, every method trained from
+    it; then plot the curves."""
     import json
 
     import torch
@@ -139,76 +236,106 @@ def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> 
     if base.threads is not None:  # before the warm start, whose arithmetic depends on it
         torch.set_num_threads(base.threads)
     t0 = time.perf_counter()
-    model_path = base.model.path
-    info: dict[str, Any] = {}
-    if model_path == "embedded":
-        warm = warm_start(
-            base.data.task, cache_dir=settings.cache_dir, seed=base.seed, progress=progress
-        )
-        model_path = str(warm)
-        info = json.loads((warm / INFO_FILE).read_text())
-    result = DemoResult(config=base, warm_start=info, warm_start_s=time.perf_counter() - t0)
-    before: dict[str, float] | None = None
-    for method in settings.methods:
-        cfg = method_config(base, method, model_path, settings.output_dir, progress)
-        trainer = Trainer(cfg)
-        if before is None:  # the same starting policy for every method
-            before = trainer.evaluate() or {}
-        trainer.logger.log(0, before, EVAL_FILE)  # step 0 of each run's curve
-        t1 = time.perf_counter()
-        run = trainer.run()
-        hist = run.history
-        result.rows.append(
-            DemoRow(
-                method=method_label(method, cfg),
-                curve={int(r["step"]): r for r in read_metrics(run.run_dir, EVAL_FILE)},
-                step_time_s=sum(h["time/step_s"] for h in hist) / max(len(hist), 1),
-                selected_fraction=sum(h.get("select/fraction", 1.0) for h in hist)
-                / max(len(hist), 1),
-                train_time_s=time.perf_counter() - t1,
-                run_dir=str(run.run_dir),
+    seeds = [base.seed + i for i in range(settings.seeds)]
+    result = DemoResult(config=base, warm_starts={}, warm_start_s=0.0, seeds=seeds)
+    for seed in seeds:
+        model_path = base.model.path
+        if model_path == "embedded":
+            t1 = time.perf_counter()
+            warm = warm_start(
+                base.data.task, cache_dir=settings.cache_dir, seed=seed, progress=progress
             )
-        )
-        del trainer
-        torch.set_grad_enabled(True)
+            result.warm_start_s += time.perf_counter() - t1
+            model_path = str(warm)
+            result.warm_starts[seed] = json.loads((warm / INFO_FILE).read_text())
+        before: dict[str, float] | None = None
+        for method in settings.methods:
+            cfg = method_config(base, method, model_path, settings.output_dir, progress, seed)
+            trainer = Trainer(cfg)
+            if before is None:  # one starting evaluation per seed, shared by its methods
+                before = trainer.evaluate() or {}
+            trainer.logger.log(0, before, EVAL_FILE)  # step 0 of each run's curve
+            t2 = time.perf_counter()
+            run = trainer.run()
+            hist = run.history
+            result.rows.append(
+                DemoRow(
+                    method=method_label(method, cfg),
+                    seed=seed,
+                    curve={int(r["step"]): r for r in read_metrics(run.run_dir, EVAL_FILE)},
+                    step_time_s=sum(h["time/step_s"] for h in hist) / max(len(hist), 1),
+                    selected_fraction=sum(h.get("select/fraction", 1.0) for h in hist)
+                    / max(len(hist), 1),
+                    train_time_s=time.perf_counter() - t2,
+                    run_dir=str(run.run_dir),
+                )
+            )
+            del trainer
+            torch.set_grad_enabled(True)
     result.plot = str(plot_demo(result, Path(settings.output_dir) / "curves.png"))
     result.total_s = time.perf_counter() - t0
     return result
 
 
 def plot_demo(result: DemoResult, out: Path) -> Path:
-    """The demo's learning curves (``PLOT_METRICS``), one line per method."""
+    """The demo's learning curves (``PLOT_METRICS``), one line per run."""
     from gmts.cli.plot import plot_runs
 
     k = result.config.data.eval_samples
+    several = len(result.seeds) > 1
     return plot_runs(
         [r.run_dir for r in result.rows],
         out,
         metrics=[m.format(k=k) for m in PLOT_METRICS],
         smooth=5,
-        labels=[r.method for r in result.rows],
+        labels=[f"{r.method}, seed {r.seed}" if several else r.method for r in result.rows],
     )
 
 
+# ------------------------------------------------------------------------------- the table
+
+
 def format_table(result: DemoResult) -> str:
-    """The fixed-format table the README quotes (held-out average@k in %)."""
+    """The demo's printed result: one seed's exact table, or the seeds' mean±std table with the
+    paired differences; then the warm start, the time and the plot."""
+    c = result.config
+    r = c.rollout
+    seeds = result.seeds or sorted({row.seed for row in result.rows})
+    start = "from its warm start" if c.model.path == "embedded" else f"from {c.model.path}"
+    seed_text = (
+        f"seed {seeds[0]}"
+        if len(seeds) == 1
+        else f"seeds {seeds[0]}-{seeds[-1]} ({len(seeds)}), each {start}"
+    )
+    lines = [
+        f"{c.algorithm.upper()} on '{c.data.task}': {c.optim.steps} steps x "
+        f"{r.questions_per_batch} questions x {r.group_size} samples, lr {c.optim.lr:g}, "
+        + seed_text
+    ]
+    lines += _one_seed_table(result) if len(seeds) == 1 else _seeds_table(result, len(seeds))
+    lines += _warm_start_lines(result)
+    lines.append(f"total {result.total_s:.0f} s")
+    if result.plot:
+        lines.append(f"curves: {result.plot}  (view: xdg-open {result.plot})")
+    return "\n".join(lines)
+
+
+def _one_seed_table(result: DemoResult) -> list[str]:
+    """One seed's runs, held-out average@k in %, exactly as measured."""
     c = result.config
     k = c.data.eval_samples
-    r = c.rollout
     steps = sorted({s for row in result.rows for s in row.curve})
-    head = [
-        f"{c.algorithm.upper()} on '{c.data.task}' from one warm start: {c.optim.steps} steps x "
-        f"{r.questions_per_batch} questions x {r.group_size} samples, lr {c.optim.lr:g}, "
-        f"seed {c.seed}",
-        f"held-out average@{k} (%) on {c.data.eval_questions} questions by RL step (0: the warm "
-        f"start); mean: area under that curve / steps; pass@{k} (%) at the end",
-    ]
     cols = (
         f"{'method':<14}"
         + "".join(f"{s:>7d}" for s in steps)
         + f" {'gain':>7} {'mean':>6} {'pass@' + str(k):>8} {'s/step':>7} {'selected':>9}"
     )
-    lines = [*head, cols, "-" * len(cols)]
+    lines = [
+        f"held-out average@{k} (%) on {c.data.eval_questions} questions by RL step (0: the warm "
+        f"start); mean: area under that curve / steps; pass@{k} (%) at the end",
+        cols,
+        "-" * len(cols),
+    ]
     for row in result.rows:
         curve = dict(row.average(k))
         first, last = curve[steps[0]], curve[steps[-1]]
@@ -219,30 +346,188 @@ def format_table(result: DemoResult) -> str:
             + f" {100 * row.curve[steps[-1]][f'pass@{k}']:>8.1f}"
             + f" {row.step_time_s:>7.3f} {row.selected_fraction:>9.3f}"
         )
-    if result.warm_start:
-        lines.append(_warm_start_line(result))
-    lines.append(f"total {result.total_s:.0f} s")
-    if result.plot:
-        lines.append(f"curves: {result.plot}  (view: xdg-open {result.plot})")
-    return "\n".join(lines)
-
-
-def _warm_start_line(result: DemoResult) -> str:
-    """How the warm start ended (its early stop, or that it missed it) and what it cost."""
-    w = result.warm_start
-    target = w.get("settings", {}).get("config", {}).get("stop_at_greedy")
-    check = w.get("check_accuracy")
-    if target is None or check is None:
-        stop = ""
-    elif check >= target:
-        stop = f" (stopped at {100 * check:.0f}% greedy on the check questions)"
-    else:
-        stop = f" (did NOT reach its {100 * target:.0f}% check target: {100 * check:.0f}%)"
-    return (
-        f"warm start: {w['steps_done']} supervised steps{stop}, held-out greedy accuracy "
-        f"{100 * w['greedy_accuracy']:.1f}%; {result.warm_start_s:.0f} s (cached after the first "
-        "run)"
+    lines.append(
+        "one seed: this order of the methods is not a measurement (the seed and the CPU's "
+        "floating-point path move every curve); --seeds 3 measures the spread"
     )
+    return lines
+
+
+def _pm(values: list[float], signed: bool = False) -> str:
+    """'mean±std' of values already in points (the mean alone for one value)."""
+    mean, std = mean_std(values)
+    text = f"{mean:+.1f}" if signed else f"{mean:.1f}"
+    return text if std is None else f"{text}±{std:.1f}"
+
+
+def _seeds_table(result: DemoResult, n_seeds: int) -> list[str]:
+    """Mean±std over seeds of each method's curve, then the paired differences."""
+    c = result.config
+    k = c.data.eval_samples
+    steps = sorted({s for row in result.rows for s in row.curve})
+    w = 11
+    cols = (
+        f"{'method':<14}"
+        + "".join(f"{s:>{w}d}" for s in steps)
+        + f"{'gain':>{w}}{'mean':>{w}}{'pass@' + str(k):>{w}}{'s/step':>8}{'selected':>9}"
+    )
+    lines = [
+        f"held-out average@{k} (%) on {c.data.eval_questions} questions by RL step (0: the warm "
+        f"start), mean±std over {n_seeds} seeds; mean: area under the curve / steps; "
+        f"pass@{k} (%) at the end",
+        cols,
+        "-" * len(cols),
+    ]
+    for method in result.methods:
+        runs = result.runs(method)
+        cells = []
+        for s in steps:
+            values = [100 * dict(run.average(k))[s] for run in runs if s in run.curve]
+            cells.append(_pm(values) if values else "-")
+        lines.append(
+            f"{method:<14}"
+            + "".join(f"{cell:>{w}}" for cell in cells)
+            + f"{_pm([100 * run.gain(k) for run in runs], signed=True):>{w}}"
+            + f"{_pm([100 * run.area_mean(k) for run in runs]):>{w}}"
+            + f"{_pm([100 * run.curve[max(run.curve)][f'pass@{k}'] for run in runs]):>{w}}"
+            + f"{mean_std([run.step_time_s for run in runs])[0]:>8.3f}"
+            + f"{mean_std([run.selected_fraction for run in runs])[0]:>9.3f}"
+        )
+    comparisons = compare(result)
+    if comparisons:
+        lines.append(
+            "paired by seed, A - B in points (mean: over training; final: last evaluation): "
+            "mean±std over seeds [95% t interval]"
+        )
+        for cmp in comparisons:
+            name = f"{cmp.a} - {cmp.b}"
+            for what, d in (("mean", cmp.mean), ("final", cmp.final)):
+                lines.append(f"  {name:<28} {what:<5} {describe_difference(d, cmp.a, cmp.b)}")
+                name = ""
+    return lines
+
+
+def describe_difference(d: PairedDifference, a: str, b: str) -> str:
+    """One paired difference in words: its size, its interval, the seeds each way, the verdict
+    (clear only when the 95% interval excludes 0)."""
+    if d.std is None or d.low is None or d.high is None:
+        return f"{d.mean:+.1f} (one seed: no spread)"
+    short_a, short_b = a.split()[0], b.split()[0]
+    if d.clear:
+        leader = short_a if d.mean > 0 else short_b
+        verdict = f"{leader} ahead by more than the seed spread"
+    else:
+        verdict = "within the seed spread (no clear order)"
+    return (
+        f"{d.mean:+5.1f}±{d.std:.1f} [{d.low:+.1f}, {d.high:+.1f}]; {short_a} ahead on {d.ahead} "
+        f"of {d.n} seeds; {verdict}"
+    )
+
+
+def _warm_start_lines(result: DemoResult) -> list[str]:
+    """How each seed's warm start ended (its early stop, or that it missed it) and the time."""
+    lines = []
+    several = len(result.warm_starts) > 1
+    for seed, w in sorted(result.warm_starts.items()):
+        config = w.get("settings", {}).get("config", {})
+        target = config.get("stop_at_greedy")
+        check = w.get("check_accuracy")
+        window = config.get("stop_window", 1)
+        over = f", mean of the last {window} checks" if window > 1 else ""
+        if target is None or check is None:
+            stop = ""
+        elif check >= target:
+            stop = f" (stopped at {100 * check:.1f}% greedy on the check questions{over})"
+        else:
+            stop = (
+                f" (did NOT reach its {100 * target:.0f}% check target: {100 * check:.1f}%{over})"
+            )
+        name = f"warm start of seed {seed}" if several else "warm start"
+        lines.append(
+            f"{name}: {w['steps_done']} supervised steps{stop}, held-out greedy accuracy "
+            f"{100 * w['greedy_accuracy']:.1f}%"
+        )
+    if lines:
+        lines.append(f"warm start time: {result.warm_start_s:.0f} s (cached after the first run)")
+    return lines
+
+
+# ------------------------------------------------------------------------------- the JSON
+
+
+def machine_record() -> dict[str, Any]:
+    """What the demo's arithmetic depends on besides the recipe: the CPU and its SIMD flags,
+    the kernels torch picked, the versions, the environment that changes them, the load."""
+    import torch
+
+    cpu, flags = platform.processor() or "?", []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                break
+    except OSError:
+        pass
+    try:
+        import transformers
+
+        transformers_version: str | None = transformers.__version__
+    except ImportError:  # pragma: no cover - the train extra requires it
+        transformers_version = None
+    return {
+        "cpu": cpu,
+        "nproc": os.cpu_count(),
+        "simd_flags": sorted(f for f in flags if f in ("avx2", "avx512f", "amx_tile")),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "transformers": transformers_version,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "env": {k: os.environ[k] for k in FLOAT_PATH_ENV if k in os.environ},
+        "uptime": _uptime(),
+    }
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def _git_commit() -> str | None:
+    """The commit when gmts runs from a git checkout (None otherwise)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def demo_record(result: DemoResult, *, command: str, machine: dict[str, Any]) -> dict[str, Any]:
+    """The demo's JSON: the printed table, the paired comparisons, every run and where it ran
+    (``benchmarks/report.py`` renders ``benchmarks/results/demo.json`` into the docs)."""
+    return {
+        "benchmark": "demo",
+        "status": "ok",
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "commit": _git_commit(),
+        "threads": result.config.threads,
+        "wall_s": round(result.total_s, 1),
+        "machine": machine,
+        "uptime_after": _uptime(),
+        "table": format_table(result),
+        "comparisons": [dataclasses.asdict(c) for c in compare(result)],
+        "result": dataclasses.asdict(result),
+    }
 
 
 # ------------------------------------------------------------------------------- the command
@@ -258,7 +543,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "optim.lr=3e-4 rollout.questions_per_batch=16.",
     )
     parser.add_argument("--steps", type=int, default=None, help="RL steps (optim.steps).")
-    parser.add_argument("--seed", type=int, default=None, help="Warm start and RL seed (seed).")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="The first seed (seed): warm start and RL."
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=d.seeds,
+        help="Seeds per method (default %(default)s): --seed and the ones after it, each with "
+        "its own warm start; the table pairs the methods seed by seed and says whether a "
+        "difference is larger than the seed spread.",
+    )
     parser.add_argument("--task", default=None, help="Built-in task (data.task).")
     parser.add_argument(
         "--threads",
@@ -277,12 +572,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cache-dir", default=None, help="Warm-start cache directory.")
     parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
-    parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="Also write the table, the paired comparisons, every run and the machine to this "
+        "JSON file (benchmarks/report.py renders benchmarks/results/demo.json into the docs).",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
     import json
+    import shlex
 
     shortcuts = {
         "optim.steps": args.steps,
@@ -297,7 +597,9 @@ def run(args: argparse.Namespace) -> int:
             output_dir=args.output_dir,
             cache_dir=args.cache_dir,
             methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+            seeds=args.seeds,
         )
+        machine = machine_record()  # before the runs: the load they started under
         result = run_demo(settings, progress=not args.no_progress)
     except ValueError as exc:
         print(f"gmts demo: error: {exc}", file=sys.stderr)
@@ -305,6 +607,12 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_table(result))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dataclasses.asdict(result), fh, indent=2)
+        argv = sys.argv[sys.argv.index("demo") + 1 :] if "demo" in sys.argv else sys.argv[1:]
+        record = demo_record(
+            result,
+            command=("gmts demo " + " ".join(shlex.quote(a) for a in argv)).strip(),
+            machine=machine,
+        )
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0

@@ -4,16 +4,21 @@ RLVR needs a policy that already gets some answers right, and room to improve. `
 trains the tiny model (``gmts.embedded.tiny_model``) on demonstrations of a built-in task whose
 answer digits are replaced by random digits with probability ``noise`` (0.3 by default), with the
 loss on the completion only (batch 128, AdamW 1e-3, 50 warm-up steps, clip 1.0; see
-../shared/notes/embedded-task-calibration.md). It stops as soon as the greedy answer is right on
-35% of a fixed set of training questions (checked every 10 steps, at most 2,000 steps): the
-warm-up's accuracy jumps from near 0 to near 1 within a few hundred steps, at a step that moves
-with the seed, so a fixed step count would give one seed a model that knows nothing and another
-a model RL can only sharpen. Stopped early, the warm model leaves RL room to add ability, not
-only to remove the copied noise (docs/training.md has the measured steps and accuracies).
+../shared/notes/embedded-task-calibration.md). It stops once its greedy answer is right on 35% of
+a fixed set of 400 training questions, on average over the last 5 checks (at most 2,000 steps):
+the warm-up's accuracy rises from near 0 to near 1 within about a hundred steps, at a step that
+moves with the seed and with the CPU's floating-point path, so a fixed step count would give one
+seed a model that knows nothing and another a model RL can only sharpen. Checks run every 10
+steps until one reaches 20%, then after every step, so the stop does not overshoot the target by
+a check interval's rise; the mean over 5 checks of 400 questions keeps one lucky check from
+stopping it early (benchmarks/warmstart_stop.py measures both). Stopped early, the warm model
+leaves RL room to add ability, not only to remove the copied noise (docs/training.md has the
+measured steps and accuracies).
 
 The result is a Hugging Face model directory (model + tokenizer + ``warmstart.json`` with the
-settings and the held-out scores), written atomically (temporary directory, then rename) under a
-name made from a hash of the settings, so later runs with the same settings reuse it.
+settings, every check and the held-out scores), written atomically (temporary directory, then
+rename) under a name made from a hash of the settings, so later runs with the same settings
+reuse it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -45,14 +50,20 @@ class WarmStartConfig:
 
     Attributes:
         steps: optimizer steps at most.
-        stop_at_greedy: stop as soon as the greedy accuracy on ``check_questions`` questions of
-            the training distribution (a fixed set; never the held-out questions) reaches this,
-            checked every ``check_every`` steps; None trains all ``steps``. The warm-up's
-            accuracy jumps at a step that moves with the seed, so a fixed step count gives
-            warm starts of very different strength; stopping on a check gives every seed about
-            the same headroom for RL.
-        check_every: steps between two checks.
+        stop_at_greedy: stop once the greedy accuracy on ``check_questions`` questions of the
+            training distribution (a fixed set; never the held-out questions), averaged over
+            the last ``stop_window`` checks, reaches this; None trains all ``steps``. The
+            warm-up's accuracy jumps at a step that moves with the seed and the floating-point
+            path, so a fixed step count gives warm starts of very different strength; stopping
+            on a check gives every seed about the same headroom for RL.
+        check_every: steps between two checks until one reaches ``fine_check_from``.
         check_questions: questions of the check.
+        fine_check_from: from the first check at or above this accuracy on, check after every
+            step (None: every ``check_every`` steps throughout). Near the target the accuracy
+            rises by several points in ``check_every`` steps, which a coarse check overshoots.
+        stop_window: checks averaged for the stop (1: the last check alone). One check of a
+            few hundred questions is a few points noisy, and the model's greedy answers
+            themselves move from step to step.
         batch_size: demonstrations per step.
         lr: AdamW peak learning rate, reached linearly after ``warmup_steps``, then constant.
         warmup_steps: linear warm-up length.
@@ -68,7 +79,9 @@ class WarmStartConfig:
     steps: int = 2000
     stop_at_greedy: float | None = 0.35
     check_every: int = 10
-    check_questions: int = 100
+    check_questions: int = 400
+    fine_check_from: float | None = 0.2
+    stop_window: int = 5
     batch_size: int = 128
     lr: float = 1e-3
     warmup_steps: int = 50
@@ -84,6 +97,7 @@ class WarmStartConfig:
             "steps",
             "check_every",
             "check_questions",
+            "stop_window",
             "batch_size",
             "eval_questions",
             "eval_samples",
@@ -103,6 +117,10 @@ class WarmStartConfig:
             raise ValueError(
                 f"stop_at_greedy must be in (0, 1] or None, got {self.stop_at_greedy!r}"
             )
+        if self.fine_check_from is not None and not 0.0 < self.fine_check_from <= 1.0:
+            raise ValueError(
+                f"fine_check_from must be in (0, 1] or None, got {self.fine_check_from!r}"
+            )
         if self.noise is not None and not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"noise must be in [0, 1] or None, got {self.noise!r}")
         if not isinstance(self.model, TinyModelConfig):
@@ -110,6 +128,44 @@ class WarmStartConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class StopCheck:
+    """The early stop's bookkeeping, apart from any model: when to check, whether to stop.
+
+    ``due(steps_done)`` says whether to check after that step; ``record(steps_done, accuracy)``
+    stores a check and returns whether training stops there. ``history`` holds every
+    ``(step, accuracy)`` checked; ``smoothed`` is the mean of the last ``stop_window`` checks.
+    benchmarks/warmstart_stop.py replays it on traced accuracies.
+    """
+
+    def __init__(self, config: WarmStartConfig) -> None:
+        self.config = config
+        self.history: list[tuple[int, float]] = []
+        self.fine = False
+
+    def due(self, steps_done: int) -> bool:
+        if self.config.stop_at_greedy is None:
+            return False
+        return self.fine or steps_done % self.config.check_every == 0
+
+    @property
+    def smoothed(self) -> float | None:
+        recent = [a for _, a in self.history[-self.config.stop_window :]]
+        return sum(recent) / len(recent) if recent else None
+
+    def record(self, steps_done: int, accuracy: float) -> bool:
+        c = self.config
+        self.history.append((steps_done, accuracy))
+        if c.fine_check_from is not None and accuracy >= c.fine_check_from:
+            self.fine = True
+        smoothed = self.smoothed
+        return (
+            c.stop_at_greedy is not None
+            and len(self.history) >= c.stop_window
+            and smoothed is not None
+            and smoothed >= c.stop_at_greedy
+        )
 
 
 def default_cache_dir() -> Path:
@@ -246,8 +302,16 @@ def _batch(
 
 
 def _train(
-    task_name: str, *, seed: int, config: WarmStartConfig, progress: bool
+    task_name: str,
+    *,
+    seed: int,
+    config: WarmStartConfig,
+    progress: bool,
+    observe: Callable[[int, Any], None] | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
+    """Train one warm start; ``observe(steps_done, model)``, when given, runs after every
+    optimizer step and before that step's check (it must leave the model in training mode and
+    the data stream alone: benchmarks/warmstart_stop.py traces the accuracy with it)."""
     from tqdm.auto import tqdm
 
     from gmts.embedded.evaluation import evaluate_task
@@ -267,12 +331,12 @@ def _train(
         )
     rng = random.Random(f"warmstart/{task_name}/{seed}")
     check = task.sample(config.check_questions, random.Random(f"warmstart-check/{task_name}"))
-    check_accuracy: float | None = None
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
     warmup = max(config.warmup_steps, 1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    stop = StopCheck(config)
     model.train()
     start = time.perf_counter()
     loss_value = float("nan")
@@ -298,14 +362,15 @@ def _train(
         bar.update(1)
         if step % 20 == 0 or step == config.steps - 1:
             bar.set_postfix(loss=f"{loss_value:.3f}")
-        if config.stop_at_greedy is not None and steps_done % config.check_every == 0:
+        if observe is not None:
+            observe(steps_done, model)
+        if stop.due(steps_done):
             model.eval()  # greedy decoding: no randomness, the data stream is untouched
-            check_accuracy = evaluate_task(
-                model, tokenizer, task, check, n=1, temperature=0.0
-            ).average_at_n
+            accuracy = evaluate_task(model, tokenizer, task, check, n=1, temperature=0.0)
             model.train()
-            bar.set_postfix(loss=f"{loss_value:.3f}", check=f"{check_accuracy:.2f}")
-            if check_accuracy >= config.stop_at_greedy:
+            done = stop.record(steps_done, accuracy.average_at_n)
+            bar.set_postfix(loss=f"{loss_value:.3f}", check=f"{stop.smoothed:.2f}")
+            if done:
                 break
     bar.close()
     train_seconds = time.perf_counter() - start
@@ -328,7 +393,8 @@ def _train(
         "n": result.n,
         "greedy_accuracy": greedy.average_at_n,
         "steps_done": steps_done,
-        "check_accuracy": check_accuracy,
+        "check_accuracy": stop.smoothed,
+        "checks": [[step, accuracy] for step, accuracy in stop.history],
         "final_loss": loss_value,
         "train_seconds": round(train_seconds, 2),
         "num_threads": torch.get_num_threads(),
