@@ -5,7 +5,8 @@ Examples::
     gmts eval --model Qwen2.5-Math-1.5B-GMTS \\
         --benchmarks aime24,amc23,math500,minerva,olympiadbench --n 16 --temperature 1.0 \\
         --data-dir ../shared/data --out results/gmts.json --backend vllm
-    gmts eval --model runs/demo/gmts --benchmarks builtin:addition   # CPU, seconds
+    gmts eval --model runs/demo/gmts --benchmarks builtin:addition   # CPU, seconds; after
+        # gmts train --config configs/demo.yaml checkpoint.save_final=true (the demo keeps none)
     gmts eval --table results/grpo.json results/gmts.json           # rows = models
 
 Results are appended per question to ``<out stem>.partial.jsonl`` as they finish; running the

@@ -302,7 +302,9 @@ def _cache_bytes(model: torch.nn.Module, tokens: int, autocast: torch.dtype | No
     ids = torch.arange(tokens).remainder(200)[None, :] + 10  # (1, tokens)
     ctx = torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
     with torch.no_grad(), ctx:
-        cache = model(input_ids=ids, logits_to_keep=1, use_cache=True).past_key_values
+        out = model(input_ids=ids, logits_to_keep=1, use_cache=True)
+        # transformers >= 5.24 names it `cache` (reading `past_key_values` logs a deprecation)
+        cache = out["cache"] if "cache" in out.keys() else out["past_key_values"]
     tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
     return sum(t.numel() * t.element_size() for t in tensors)
 
