@@ -117,7 +117,8 @@ def render_logprobs(record: dict[str, Any]) -> str:
     ]
     head = (
         f"V = {s['vocab']}, H = {s['hidden']}, float32, {s['repeats']} timed runs per variant "
-        "and cell, one worker process per variant, steps interleaved round-robin.\n\n"
+        "and cell, one worker process per variant, steps interleaved round-robin; torch "
+        "threads per cell as in the table (not the provenance line's).\n\n"
     )
     return head + _table(header, rows)
 
