@@ -197,7 +197,11 @@ class _RowPartials:
         if want_g:
             self.squares.append(_row_dot(e, e))
 
-    def finish(self, want_g: bool) -> tuple[torch.Tensor, ...]:
+    def finish(
+        self, want_g: bool
+    ) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor
+    ]:
         """``(logprob, entropy, M, S, G or None, all_finite)``, each (n,) but the 0-d flag."""
         m = torch.stack(self.maxes)  # (K, n)
         top = m.amax(0)  # (n,) M
