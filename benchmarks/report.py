@@ -86,30 +86,40 @@ def render_logprobs(record: dict[str, Any]) -> str:
     s = record["settings"]
     rows = []
     for r in record["rows"]:
+        cell = [str(r.get("n_tokens", s.get("n_tokens", "?"))), str(r.get("threads", "?"))]
         if not r.get("ok"):
-            rows.append([r["variant"], "—", "—", "—", "—", r.get("error", "failed")[:80]])
+            rows.append(
+                cell + [r["variant"], "—", "—", "—", "—", "—", r.get("error", "failed")[:80]]
+            )
             continue
+        spread = f"{_fmt_s(r['median_s'])} ({_fmt_s(r['min_s'])}-{_fmt_s(r['max_s'])})"
         rows.append(
-            [
+            cell
+            + [
                 r["variant"],
-                _fmt_s(r["median_s"]),
+                spread,
                 _fmt_x(r.get("time_vs_naive")),
+                _fmt_x(r.get("cpu_time_vs_naive")),
                 _fmt_bytes(r["peak_beyond_params_grads_bytes"]),
                 _fmt_x(r.get("memory_reduction_vs_naive"), 1),
                 "yes" if r.get("agrees_with_naive", True) else "NO",
             ]
         )
     header = [
+        "N",
+        "threads",
         "variant",
-        "fwd+bwd time (median)",
+        "fwd+bwd wall time, median (min-max)",
         "time vs naive",
+        "CPU time vs naive",
         "peak memory beyond params+grads",
         "memory reduction vs naive",
         "same results as naive",
     ]
     head = (
-        f"N = {s['n_tokens']}, V = {s['vocab']}, H = {s['hidden']}, float32, "
-        f"{s['repeats']} timed runs per variant, one process per variant.\n\n"
+        f"V = {s['vocab']}, H = {s['hidden']}, float32, {s['repeats']} timed runs per variant "
+        "and cell, one worker process per variant, steps interleaved round-robin; torch "
+        "threads per cell as in the table (not the provenance line's).\n\n"
     )
     return head + _table(header, rows)
 

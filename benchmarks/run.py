@@ -84,12 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-report", action="store_true", help="do not refresh docs/results.md tables"
     )
     parser.add_argument(
-        "--logprobs-repeats", type=int, default=2, help="timed fwd+bwd runs per variant"
+        "--logprobs-repeats", type=int, default=3, help="timed fwd+bwd runs per variant and cell"
     )
     parser.add_argument(
-        "--logprobs-parallel",
-        action="store_true",
-        help="run the naive and from-hidden workers at the same time (memory permitting)",
+        "--logprobs-grid",
+        default=None,
+        help="log-prob benchmark cells NxTHREADS, comma-separated "
+        "(default 1024x1,1024x2,4096x1,4096x2; on CUDA only N counts)",
     )
     parser.add_argument(
         "--learning-plan",
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             out_dir=out_dir,
             extra={
                 "logprobs_repeats": args.logprobs_repeats,
-                "logprobs_parallel": args.logprobs_parallel,
+                "logprobs_grid": args.logprobs_grid,
                 "learning_plan": args.learning_plan,
                 "learning_steps": args.learning_steps,
                 "learning_jobs": args.learning_jobs,
@@ -156,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
+    if "logprobs" in names and args.logprobs_grid is not None:
+        from bench_logprobs import parse_grid
+
+        try:  # a bad grid fails before any benchmark runs
+            parse_grid(args.logprobs_grid)
+        except ValueError as error:
+            print(error, file=sys.stderr)
+            return 2
     command = "python benchmarks/run.py " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )

@@ -272,6 +272,24 @@ def test_chunked_paths_use_less_memory(dtype):
     assert saved["from_hidden"] <= hidden.numel() * hidden.element_size() + v * h * 2 * 4 + 64 * n
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_from_hidden_tiles_stay_within_a_block(dtype):
+    """V above the narrowest vocabulary tile: blocks of many tokens cut into column tiles;
+    forward and backward together hold a few (chunk, V)-sized tiles beyond the inputs, the
+    float32 weight gradient and O(N H) rows, never (N, V)."""
+    torch.manual_seed(1)
+    n, v, h, chunk = 128, 3000, 16, 4
+    hidden = torch.randn(2, n // 2, h).to(dtype).requires_grad_(True)
+    weight = (torch.randn(v, h) / 4).to(dtype).requires_grad_(True)
+    labels = torch.randint(0, v, (2, n // 2))
+    with PeakTensorMemory(hidden, weight) as m:
+        stats = gmts.token_statistics_from_hidden(hidden, weight, labels, chunk_size=chunk)
+        stats.logprobs.sum().backward()
+    tile = chunk * v * 4  # one (chunk, V) float32 block
+    assert m.peak <= 4 * tile + v * h * 4 + 64 * n * h
+    assert m.peak < n * v * 4 / 2  # below half of one (N, V) float32 tensor
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 @pytest.mark.parametrize("position", ["label", "other"])
 def test_every_kind_of_non_finite_logit_is_rejected(value, position):

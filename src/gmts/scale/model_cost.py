@@ -304,7 +304,7 @@ def _cache_bytes(model: torch.nn.Module, tokens: int, autocast: torch.dtype | No
     with torch.no_grad(), ctx:
         out = model(input_ids=ids, logits_to_keep=1, use_cache=True)
         # transformers >= 5.24 names it `cache` (reading `past_key_values` logs a deprecation)
-        cache = out["cache"] if "cache" in out.keys() else out["past_key_values"]
+        cache = out["cache"] if "cache" in out else out["past_key_values"]
     tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
     return sum(t.numel() * t.element_size() for t in tensors)
 
