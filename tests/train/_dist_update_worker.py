@@ -60,7 +60,7 @@ def main() -> None:
         {"params": params, "selected": selected, "metrics": metrics},
         Path(out_dir) / f"rank{info.rank}.pt",
     )
-    shutdown(info)
+    shutdown(info, drain=True)
 
 
 if __name__ == "__main__":

@@ -77,16 +77,22 @@ def main() -> None:
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
     from gmts.scale.distributed import shutdown
+    from gmts.train.preemption import TrainingPreempted
     from gmts.train.trainer import train
 
     model_dir, run_dir, *rest = sys.argv[1:]
     overrides = [a for a in rest if a != "--resume"]
     _install_hooks(Path(run_dir))
     cfg = tiny.small_config(Path(model_dir), Path(run_dir), *RECIPE, *overrides)
+    finished = False  # preempted counts: every rank agreed to stop at the same step
     try:
         train(cfg, resume="--resume" in rest, reward_fn=tiny.partial_credit)
+        finished = True
+    except TrainingPreempted:
+        finished = True
+        raise
     finally:
-        shutdown()
+        shutdown(drain=finished)
 
 
 if __name__ == "__main__":

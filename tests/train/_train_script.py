@@ -26,16 +26,18 @@ def main() -> None:
     model_dir, run_dir, *rest = sys.argv[1:]
     overrides = [a for a in rest if a != "--resume"]
     cfg = tiny.small_config(Path(model_dir), Path(run_dir), *overrides)
+    finished = False
     try:
         trainer = Trainer(cfg, resume="--resume" in rest, reward_fn=tiny.partial_credit)
         if os.environ.get("GMTS_TEST_SKEW_RNG") == "1":  # the ranks' RNG states differ from here
             torch.rand(97 * trainer.info.rank)
         try:
             trainer.run()
+            finished = True
         finally:
             trainer.close()
     finally:
-        shutdown()
+        shutdown(drain=finished)
 
 
 if __name__ == "__main__":

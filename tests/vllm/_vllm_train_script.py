@@ -61,11 +61,13 @@ def main() -> None:
             return collected
 
         trainer.collect = recorded
+    finished = False
     try:
         trainer.run()
+        finished = True
     finally:
         trainer.close()
-        shutdown()
+        shutdown(drain=finished)
 
 
 if __name__ == "__main__":

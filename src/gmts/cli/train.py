@@ -88,15 +88,18 @@ def run(args: argparse.Namespace) -> int:
     from gmts.train.preemption import TrainingPreempted
     from gmts.train.trainer import train
 
+    finished = False  # every rank got here on its normal path (preempted ranks agreed to stop)
     try:
         result = train(cfg, resume=args.resume)
+        finished = True
     except (ValueError, SandboxUnavailableError) as exc:  # bad model path, dataset fields, ...
         print(f"gmts train: error: {exc}", file=sys.stderr)
         return 2
     except TrainingPreempted as stopped:  # checkpoint saved, reason printed by rank 0
+        finished = True
         return int(stopped.code)
     finally:
-        shutdown()  # under torchrun: leave the process group the trainer joined
+        shutdown(drain=finished)  # under torchrun: leave the process group the trainer joined
     if result.eval_after is not None:
         before = result.eval_before or {}
         parts = [
