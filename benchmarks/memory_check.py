@@ -71,7 +71,7 @@ class Row:
     overrides: tuple[str, ...]
 
 
-ROWS: tuple[Row, ...] = (  # a LoRA row: Row("bf16-gc-lora16", (..., "model.lora.rank=16"))
+ROWS: tuple[Row, ...] = (
     Row("fp32", ("model.dtype=float32", "model.gradient_checkpointing=false")),
     Row("fp32-gc", ("model.dtype=float32", "model.gradient_checkpointing=true")),
     Row("bf16-gc", ("model.dtype=bfloat16", "model.gradient_checkpointing=true")),
@@ -82,6 +82,14 @@ ROWS: tuple[Row, ...] = (  # a LoRA row: Row("bf16-gc-lora16", (..., "model.lora
             "model.gradient_checkpointing=true",
             "distributed.strategy=fsdp",
         ),
+    ),
+    Row(
+        "fp32-lora16",
+        ("model.dtype=float32", "model.gradient_checkpointing=false", "model.lora.rank=16"),
+    ),
+    Row(
+        "bf16-gc-lora16",
+        ("model.dtype=bfloat16", "model.gradient_checkpointing=true", "model.lora.rank=16"),
     ),
 )
 PHASES = ("rollout", "scoring", "update")
@@ -199,6 +207,9 @@ def measure_phase(phase: str, overrides: list[str], batch_file: Path) -> dict[st
             p.grad = torch.zeros_like(p)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():  # read every weight once: a frozen base (LoRA) in the checkpoint's
+        for t in (*trainer.model.parameters(), *trainer.model.buffers()):  # dtype may still be
+            t.sum()  # mapped from its file and would be paged in during the phase measured
     collected = None if phase == "rollout" else torch.load(batch_file, weights_only=False)
     gc.collect()
     baseline = _status_bytes("VmRSS")

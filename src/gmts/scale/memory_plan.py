@@ -253,7 +253,7 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
     seq = s.prompt_length + s.response_length
     tokens = s.micro_batch_size * seq
     logits = s.micro_batch_size * (s.response_length + 1) * shape.vocab * cb  # (mb, T+1, V)
-    blocks = _logit_blocks(s, shape.vocab, precision.mixed)
+    blocks = _logit_blocks(s, shape.vocab)
     if s.gradient_checkpointing:  # one residual vector per layer kept, a layer recomputed
         kept = tokens * (shape.layers * act.stream + act.outside)
         recompute = tokens * act.per_layer
@@ -364,17 +364,17 @@ def _peak(*moments: dict[str, float]) -> dict[str, float]:
     return max(moments, key=lambda m: sum(m.values()))
 
 
-def _logit_blocks(s: PlanSettings, vocab: int, mixed: bool) -> float:
+def _logit_blocks(s: PlanSettings, vocab: int) -> float:
     """Float32 (n, V) blocks alive at once in :mod:`gmts.core.logprobs`: n tokens per block as
-    its ``_blocks`` cuts a (micro-batch, T) grid; 3 blocks for bf16 logits (the float32 copy,
-    log-softmax, probabilities), 2 for float32 ones (no copy)."""
+    its ``_blocks`` cuts a (micro-batch, T) grid; 2 blocks whatever the logits' dtype (its
+    reused scratch: the tempered float32 copy and its exponential; the backward's one)."""
     from gmts.core.logprobs import default_chunk_size
 
     chunk = s.logits_chunk_size or default_chunk_size(vocab)
     T = s.response_length
     n = T * max(1, chunk // T) if chunk >= T else chunk
     n = min(n, s.micro_batch_size * T)
-    return (3 if mixed else 2) * n * vocab * 4
+    return 2 * n * vocab * 4
 
 
 class MemoryPlanError(ValueError):
