@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -135,3 +136,19 @@ def test_torchrun_two_processes_end_to_end(tmp_path):
     assert all(0 <= r["select/fraction"] <= 0.3 for r in rows)
     assert [s for s, _ in list_checkpoints(run_dir)] == [2]
     assert len(read_metrics(run_dir, "eval.jsonl")) == 2  # before and after
+
+
+@pytest.mark.slow
+def test_nothing_holds_the_process_group_after_shutdown(tmp_path):
+    """Building a model after joining the group leaves no reference to it behind: a group that
+    outlives shutdown is freed during interpreter finalization, where its gloo threads abort
+    the process now and then ("terminate called without an active exception")."""
+    model_dir = _tiny.save_tiny_model(tmp_path / "model")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    _torchrun(
+        str(HERE / "_dist_shutdown_worker.py"), str(model_dir), str(tmp_path), env=env, timeout=300
+    )
+    for rank in range(2):
+        counts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert counts["during"] == counts["before"], counts  # the model build kept no reference
+        assert counts["other_holders"] == 0, counts

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from gmts.scale.distributed import barrier
+from gmts.scale.distributed import barrier, init_process_group
 from gmts.scale.layers import decoder_layers
 from gmts.scale.memory_plan import Layout, PlanSettings
 from gmts.scale.model_cost import ModelShape
@@ -116,7 +116,7 @@ class FullyShard(Strategy):
 
         if not dist.is_initialized():  # one process: FSDP still needs a process group
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
     def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
         return shard(model, self.precision.fsdp_policy(), self.device)
