@@ -3,6 +3,7 @@
     gmts train --config configs/qwen2.5-math-1.5b/dapo-gmts.yaml optim.lr=1e-6 selection.ratio=0.1
     torchrun --nproc_per_node 2 -m gmts train --config FILE.yaml
     gmts train --config FILE.yaml --resume          # continue from the last checkpoint
+    gmts train --plugin my_objectives objective.name=mine   # an objective you registered
 
 Overrides are positional ``section.field=value`` arguments (values parsed as YAML). Every key,
 its type, default and meaning is listed by ``gmts train --help``.
@@ -56,11 +57,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--print-config", action="store_true", help="Print the resolved config and exit."
     )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=(
+            "Import MODULE (importable from the working directory or PYTHONPATH) before the "
+            "config is read, so what it registers (an objective through "
+            "gmts.register_objective, a score, ...) can be named in the config; repeatable. "
+            "Give the same --plugin to --resume."
+        ),
+    )
+
+
+def import_plugins(modules: list[str]) -> None:
+    """Import each module (its registrations take effect); ValueError names one that fails."""
+    import importlib
+
+    if "" not in sys.path:  # `python -m gmts` has the working directory; the console script not
+        sys.path.insert(0, "")
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # any import-time failure of the user's module
+            raise ValueError(f"--plugin {name}: cannot import it: {exc!r}") from exc
 
 
 def run(args: argparse.Namespace) -> int:
     from gmts.train.config import dump_yaml, load_config
 
+    try:
+        import_plugins(args.plugin)
+    except ValueError as exc:
+        print(f"gmts train: error: {exc}", file=sys.stderr)
+        return 2
     overrides = list(args.overrides)
     if args.output_dir is not None:
         overrides.append(f"logging.output_dir={args.output_dir}")
