@@ -58,6 +58,21 @@ def test_weights_are_the_truncated_ratios():
         torch.testing.assert_close(sequence[i][mask[i]], row.expand(int(mask[i].sum())))
     assert bool((token[mask] <= 1.5).all()) and bool((token[mask] == 1.5).any())  # cap acts
     assert RolloutCorrection().weights(old, engine, mask) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
+@pytest.mark.parametrize("cap", [1.02, 1.5, 1.1])
+def test_the_capped_fraction_counts_every_weight_at_the_cap(dtype, cap):
+    """Caps that the weights' dtype cannot represent (1.02 in float32) count as well."""
+    batch, _ = _batch()
+    mask = batch.response_mask
+    old, engine = batch.old_logprobs.to(dtype), batch.engine_logprobs.to(dtype)
+    correction = RolloutCorrection("token", cap)
+    weights = correction.weights(old, engine, mask)
+    ratio = torch.exp(old.double() - engine.double())[mask]
+    sums = correction.metrics(weights, mask)
+    assert sums["tokens"] == int(mask.sum())
+    assert 0 < sums["capped"] == int((ratio > cap).sum())
     with pytest.raises(ValueError, match="engine"):
         RolloutCorrection("token").weights(old, None, mask)
 

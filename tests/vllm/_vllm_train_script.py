@@ -8,6 +8,9 @@ random tiny model earns some), else the task's own. With GMTS_TEST_ROLLOUT_DIR s
 also writes what it sampled at each step (``<dir>/rank<R>_step<S>.pt``: prompt and response
 ids, the response mask and the engine's log-probs). GMTS_TEST_SKIP_SYNC=1 makes the vllm engine
 skip every weight sync (it keeps its starting weights): the broken run a test must catch.
+With GMTS_TEST_SCORED_DIR set, every rank writes the scored batch's log-probs at each step
+(``<dir>/rank<R>_step<S>.pt``: the trainer's pi_old, the engine's log-probs, the response mask),
+from which a test recomputes the rollout correction's weights.
 """
 
 from __future__ import annotations
@@ -61,6 +64,23 @@ def main() -> None:
             return collected
 
         trainer.collect = recorded
+    scored_dir = os.environ.get("GMTS_TEST_SCORED_DIR")
+    if scored_dir:
+        correction_metrics = trainer._correction_metrics
+        steps = iter(range(trainer.step + 1, 1 << 30))  # called once per step, with its batch
+
+        def record_scored(batch):
+            torch.save(
+                {
+                    "old_logprobs": batch.old_logprobs.cpu(),
+                    "engine_logprobs": batch.engine_logprobs.cpu(),
+                    "response_mask": batch.response_mask.cpu(),
+                },
+                Path(scored_dir) / f"rank{trainer.info.rank}_step{next(steps)}.pt",
+            )
+            return correction_metrics(batch)
+
+        trainer._correction_metrics = record_scored
     finished = False
     try:
         trainer.run()

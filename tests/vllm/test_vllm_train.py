@@ -197,27 +197,67 @@ def test_sigkill_and_resume_samples_the_same(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(straight), weights(killed)))
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
-def test_rollout_correction_runs_with_the_real_engine(tmp_path, level):
-    """rollout.correction with vLLM's own log-probs: the weights min(pi_old/pi_engine, C) are
-    logged and applied (their math and omega: tests/train/test_rollout_correction.py). In
-    float32 the engine matches the trainer to ~1e-5, so the weights are ~1 here; bf16 engines
-    are where they matter."""
+CORRECTION_CAP = 1.02
+
+
+def _correction_run(tmp_path: Path, level: str) -> Path:
+    """2 steps with every weight sync skipped: at step 2 the engine still samples from the
+    starting weights while pi_old has moved (lr 1e-2), so the weights pi_old / pi_engine are
+    far from 1 and the cap acts. Writes the scored batches under ``<run>/scored``."""
     model = save_vllm_tiny_model(tmp_path / "model")
+    run = tmp_path / level
+    (run / "scored").mkdir(parents=True)
     _run(
         "--partial-credit",
         *TINY,
         f"model.path={model}",
         "rollout.engine=vllm",
         f"rollout.correction={level}",
-        "rollout.correction_cap=2.0",
+        f"rollout.correction_cap={CORRECTION_CAP}",
+        "optim.lr=1e-2",
         "optim.steps=2",
-        f"logging.output_dir={tmp_path / 'run'}",
+        f"logging.output_dir={run}",
+        env={**ENV, "GMTS_TEST_SKIP_SYNC": "1", "GMTS_TEST_SCORED_DIR": str(run / "scored")},
     )
-    for row in read_metrics(tmp_path / "run"):
-        assert abs(row["rollout/is_weight_mean"] - 1.0) < 1e-3, row
-        assert row["rollout/is_weight_capped_fraction"] == 0.0
+    return run
+
+
+@pytest.fixture(scope="module")
+def uncorrected(tmp_path_factory) -> Path:
+    return _correction_run(tmp_path_factory.mktemp("uncorrected"), "none")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_correction_acts_with_the_real_engine(tmp_path, uncorrected, level):
+    """rollout.correction from vLLM's own log-probs, with the engine left stale so that the
+    weights min(pi_old/pi_engine, C) matter: the logged weights are those of the recorded
+    pi_old and engine log-probs, the cap acts, and the update's loss moves with them (their
+    math and omega: tests/train/test_rollout_correction.py)."""
+    run = _correction_run(tmp_path, level)
+    rows, plain = read_metrics(run), read_metrics(uncorrected)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        recorded = torch.load(run / "scored" / f"rank0_step{row['step']}.pt")
+        mask = recorded["response_mask"]
+        diff = torch.where(mask, recorded["old_logprobs"] - recorded["engine_logprobs"], 0.0)
+        if level == "sequence":
+            diff = diff.double().sum(-1, keepdim=True).expand_as(diff)
+        w = torch.exp(diff.double())[mask]
+        capped = w > CORRECTION_CAP
+        w = w.clamp(max=CORRECTION_CAP)
+        assert row["rollout/is_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-6)
+        assert row["rollout/is_weight_capped_fraction"] == pytest.approx(
+            float(capped.double().mean()), abs=1e-9
+        )
         assert row["update/skipped_nonfinite"] == 0
+        if row["step"] == 2:  # the stale engine: weights far from 1, some capped
+            assert float((w - 1).abs().max()) > 1e-2
+            assert 0 < row["rollout/is_weight_capped_fraction"] < 1
+    # same samples at step 2 (the engine never moved; seeds by step): the loss differs from
+    # the uncorrected run's by much more than at step 1, where the weights are ~1
+    step1 = abs(rows[0]["update/loss"] - plain[0]["update/loss"])
+    step2 = abs(rows[1]["update/loss"] - plain[1]["update/loss"])
+    assert step2 > 1e-4 and step2 > 100 * step1, (step1, step2)
 
 
 def test_lora_syncs_the_merged_weights(tmp_path):

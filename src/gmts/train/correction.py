@@ -79,9 +79,12 @@ class RolloutCorrection:
         ``{"sum", "capped", "tokens"}``; empty when off."""
         if weights is None:
             return {}
-        w = weights[mask].double()
+        w = weights[mask]
+        # compared in the weights' own dtype: a cap of 1.02 is 1.0199999809 as a float32
+        # weight, which is below 1.02 as a Python float (every weight would count uncapped)
+        at_cap = w >= torch.tensor(self.cap, dtype=w.dtype)
         return {
-            "sum": float(w.sum()),
-            "capped": float((w >= self.cap).sum()),
+            "sum": float(w.double().sum()),
+            "capped": float(at_cap.sum()),
             "tokens": float(w.numel()),
         }
