@@ -1,8 +1,9 @@
 """Rollout generation: the KV-cached sampler (``rollout.engine=hf``) vs a colocated vLLM engine
 (``rollout.engine=vllm``) on the same model and batch.
 
-Both sample the trainer's rollout batch with the trainer's own code: ``HFEngine`` (which calls
-:func:`gmts.sampling.rollout.generate_rollouts` on the policy) and the vLLM engine wrapper
+Both sample the trainer's rollout batch with the trainer's own code: the sampler the ``hf``
+engine calls, :func:`gmts.sampling.rollout.generate_rollouts` on the policy (the whole batch at
+once, as with ``rollout.generation_batch_size`` unset), and the vLLM engine wrapper
 ``VLLMEngine.sample_rollouts`` (the trainer's vllm engine), the same questions, G answers
 each, temperature 1, the task's token budget, float32, one torch thread. The two interleave
 (hf, vllm, hf, vllm, ...), each repeat on fresh questions; the first repeat of each is a

@@ -20,7 +20,8 @@ every answer runs to the budget: the worst case for time and memory.
 
 ``--engine vllm`` samples the rollouts with the trainer's colocated vLLM engine instead
 (``rollout.engine=vllm``: bf16 engine, sleep mode level 2 between rollouts, the policy's
-weights synced in place before every rollout after the first); it needs vllm importable.
+weights synced in place before every rollout that follows an update, and before the first
+under sleep level 2, the GPU default); it needs vllm importable.
 
 Printed and written to ``--out``: each step's time split into rollout and update, generation
 tokens per second of the rollout (response tokens / rollout time), the weight sync time
