@@ -359,7 +359,8 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
         "data.eval_questions=4",
         "data.eval_samples=2",
     )
-    settings = DemoSettings(overrides=tiny, output_dir=str(tmp_path / "demo"), seeds=2)
+    # one process: the monkeypatched warm start is this process's (test_demo_jobs: several)
+    settings = DemoSettings(overrides=tiny, output_dir=str(tmp_path / "demo"), seeds=2, jobs=1)
     result = run_demo(settings, progress=False)
     labels = ["all tokens", "ETS top 20%", "GMTS top 20%"]
     assert result.seeds == [0, 1] and result.methods == labels
@@ -403,7 +404,8 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
     demo.add_arguments(parser)
     out = tmp_path / "one" / "demo.json"
     args = parser.parse_args(
-        [*tiny, "--seeds=1", "--methods=GMTS", "--no-progress", f"--output-dir={tmp_path / 'one'}"]
+        [*tiny, "--seeds=1", "--methods=GMTS", "--no-progress", "--jobs=1"]
+        + [f"--output-dir={tmp_path / 'one'}"]
         + [f"--json={out}"]
     )
     assert demo.run(args) == 0
@@ -420,6 +422,45 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
         DemoSettings(methods=("GRPO",))
     with pytest.raises(ValueError, match="seeds"):
         DemoSettings(seeds=0)
+    with pytest.raises(ValueError, match="jobs"):
+        DemoSettings(jobs=0)
+
+
+@pytest.mark.slow
+def test_demo_jobs_do_not_change_the_table(tiny_dir, tmp_path):
+    """Two processes (spawned workers) give exactly the runs that one process gives."""
+    from gmts.cli.demo import DemoSettings, compare, run_demo
+
+    tiny = (
+        f"model.path={tiny_dir}",
+        "optim.steps=2",
+        "data.eval_every=1",
+        "rollout.questions_per_batch=2",
+        "rollout.group_size=2",
+        "optim.micro_batch_size=4",
+        "data.eval_questions=4",
+        "data.eval_samples=2",
+    )
+    results = [
+        run_demo(
+            DemoSettings(overrides=tiny, output_dir=str(tmp_path / f"jobs{j}"), seeds=2, jobs=j),
+            progress=False,
+        )
+        for j in (1, 2)
+    ]
+    one, two = ([(r.seed, r.method, r.curve, r.selected_fraction) for r in x.rows] for x in results)
+    assert one == two and len(one) == 6
+    for seed in (0, 1):  # every step of every run, wall-clock fields aside
+        for score in ("none", "entropy", "gmts"):
+            a, b = (
+                [
+                    {k: v for k, v in r.items() if not k.startswith("time/")}
+                    for r in read_metrics(tmp_path / f"jobs{j}" / f"seed{seed}" / score)
+                ]
+                for j in (1, 2)
+            )
+            assert a == b and len(a) == 2, (seed, score)
+    assert compare(results[0]) == compare(results[1])  # the paired differences
 
 
 def test_demo_recipe_is_the_one_config_file():

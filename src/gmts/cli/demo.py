@@ -65,6 +65,9 @@ class DemoSettings:
         methods: a subset of ``METHODS``, in table order.
         seeds: seeds per method: the recipe's ``seed`` and the ``seeds - 1`` after it; each
             seed has its own warm start (when ``model.path`` is "embedded") and RL seed.
+        jobs: processes that run the warm starts and the runs side by side (None: as many as
+            the CPUs this process may use hold runs of the recipe's ``threads``). Every run
+            pins its own thread count and seeds, so the table does not depend on ``jobs``.
     """
 
     overrides: tuple[str, ...] = ()
@@ -72,6 +75,7 @@ class DemoSettings:
     cache_dir: str | None = None
     methods: tuple[str, ...] = tuple(METHODS)
     seeds: int = DEFAULT_SEEDS
+    jobs: int | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -81,6 +85,10 @@ class DemoSettings:
             raise ValueError(f"demo methods listed twice: {list(self.methods)}")
         if not isinstance(self.seeds, int) or isinstance(self.seeds, bool) or self.seeds < 1:
             raise ValueError(f"seeds must be an integer >= 1, got {self.seeds!r}")
+        if self.jobs is not None and (
+            not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs < 1
+        ):
+            raise ValueError(f"jobs must be an integer >= 1, got {self.jobs!r}")
 
 
 @dataclass
@@ -218,60 +226,148 @@ def method_config(
     )
 
 
-def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> DemoResult:
-    """For each seed: its warm start (cached), one evaluation of it, every method trained from
-    it; then plot the curves."""
-    import json
+@dataclass(frozen=True)
+class SeedStart:
+    """One seed's starting point, shared by its methods: the warm start (or ``model.path``),
+    its ``warmstart.json`` (None without a warm start), the time it took to train (0 when
+    cached) and its one held-out evaluation (step 0 of every method's curve)."""
 
+    seed: int
+    model_path: str
+    warm_start: dict[str, Any] | None
+    warm_start_s: float
+    before: dict[str, float]
+
+
+def _pin_threads(base: TrainConfig) -> None:
     import torch
 
+    if base.threads is not None:  # before the warm start, whose arithmetic depends on it
+        torch.set_num_threads(base.threads)
+
+
+def start_seed(base: TrainConfig, settings: DemoSettings, seed: int, progress: bool) -> SeedStart:
+    """``seed``'s warm start (cached) and its evaluation (one job of :func:`run_demo`)."""
+    import json
+
     from gmts.embedded.warmstart import INFO_FILE, warm_start
+    from gmts.train.trainer import Trainer
+
+    _pin_threads(base)
+    model_path, info, spent = base.model.path, None, 0.0
+    if model_path == "embedded":
+        t0 = time.perf_counter()
+        warm = warm_start(
+            base.data.task, cache_dir=settings.cache_dir, seed=seed, progress=progress
+        )
+        info = json.loads((warm / INFO_FILE).read_text())
+        model_path = str(warm)
+        spent = time.perf_counter() - t0
+    cfg = method_config(base, settings.methods[0], model_path, settings.output_dir, progress, seed)
+    before = Trainer(cfg).evaluate() or {}
+    return SeedStart(seed, model_path, info, spent, before)
+
+
+def train_method(
+    base: TrainConfig, settings: DemoSettings, start: SeedStart, method: str, progress: bool
+) -> DemoRow:
+    """One method trained from ``start`` (one job of :func:`run_demo`)."""
+    import torch
+
     from gmts.train.metrics_log import EVAL_FILE, read_metrics
     from gmts.train.trainer import Trainer
+
+    _pin_threads(base)
+    cfg = method_config(base, method, start.model_path, settings.output_dir, progress, start.seed)
+    trainer = Trainer(cfg)
+    trainer.logger.log(0, start.before, EVAL_FILE)  # step 0 of the curve
+    t0 = time.perf_counter()
+    run = trainer.run()
+    hist = run.history
+    row = DemoRow(
+        method=method_label(method, cfg),
+        seed=start.seed,
+        curve={int(r["step"]): r for r in read_metrics(run.run_dir, EVAL_FILE)},
+        step_time_s=sum(h["time/step_s"] for h in hist) / max(len(hist), 1),
+        selected_fraction=sum(h.get("select/fraction", 1.0) for h in hist) / max(len(hist), 1),
+        train_time_s=time.perf_counter() - t0,
+        run_dir=str(run.run_dir),
+    )
+    del trainer
+    torch.set_grad_enabled(True)
+    return row
+
+
+def default_jobs(base: TrainConfig, runs: int) -> int:
+    """Processes for ``runs`` runs of ``base``: the usable CPUs over its thread count."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(runs, cpus // max(base.threads or cpus, 1)))
+
+
+def run_demo(settings: DemoSettings | None = None, *, progress: bool = True) -> DemoResult:
+    """For each seed: its warm start (cached), one evaluation of it, every method trained from
+    it; then plot the curves. With ``jobs > 1`` the seeds' starts and then their runs are
+    spread over that many processes (a seed's runs begin as soon as its start is done)."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
     settings = settings or DemoSettings()
     base = demo_recipe(settings.overrides)  # a bad override fails here, before any work
     if base.data.dataset is not None or base.data.eval_questions < 1:
         raise ValueError("the demo needs a built-in task (data.task) and data.eval_questions >= 1")
-    if base.threads is not None:  # before the warm start, whose arithmetic depends on it
-        torch.set_num_threads(base.threads)
     t0 = time.perf_counter()
     seeds = [base.seed + i for i in range(settings.seeds)]
+    jobs = settings.jobs or default_jobs(base, len(seeds) * len(settings.methods))
     result = DemoResult(config=base, warm_starts={}, warm_start_s=0.0, seeds=seeds)
-    for seed in seeds:
-        model_path = base.model.path
-        if model_path == "embedded":
-            t1 = time.perf_counter()
-            warm = warm_start(
-                base.data.task, cache_dir=settings.cache_dir, seed=seed, progress=progress
-            )
-            result.warm_start_s += time.perf_counter() - t1
-            model_path = str(warm)
-            result.warm_starts[seed] = json.loads((warm / INFO_FILE).read_text())
-        before: dict[str, float] | None = None
-        for method in settings.methods:
-            cfg = method_config(base, method, model_path, settings.output_dir, progress, seed)
-            trainer = Trainer(cfg)
-            if before is None:  # one starting evaluation per seed, shared by its methods
-                before = trainer.evaluate() or {}
-            trainer.logger.log(0, before, EVAL_FILE)  # step 0 of each run's curve
-            t2 = time.perf_counter()
-            run = trainer.run()
-            hist = run.history
-            result.rows.append(
-                DemoRow(
-                    method=method_label(method, cfg),
-                    seed=seed,
-                    curve={int(r["step"]): r for r in read_metrics(run.run_dir, EVAL_FILE)},
-                    step_time_s=sum(h["time/step_s"] for h in hist) / max(len(hist), 1),
-                    selected_fraction=sum(h.get("select/fraction", 1.0) for h in hist)
-                    / max(len(hist), 1),
-                    train_time_s=time.perf_counter() - t2,
-                    run_dir=str(run.run_dir),
-                )
-            )
-            del trainer
-            torch.set_grad_enabled(True)
+    starts: dict[int, SeedStart] = {}
+    rows: dict[tuple[int, str], DemoRow] = {}
+
+    def started(start: SeedStart) -> None:
+        starts[start.seed] = start
+        if start.warm_start is not None:
+            result.warm_starts[start.seed] = start.warm_start
+        result.warm_start_s += start.warm_start_s
+
+    if jobs == 1:
+        for seed in seeds:
+            started(start_seed(base, settings, seed, progress))
+            for method in settings.methods:
+                rows[seed, method] = train_method(base, settings, starts[seed], method, progress)
+    else:
+        import multiprocessing
+
+        total = len(seeds) * (1 + len(settings.methods))
+        context = multiprocessing.get_context("spawn")  # fresh workers: no state but the job's
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            pending: dict[Future[Any], tuple[int, str | None]] = {
+                pool.submit(start_seed, base, settings, seed, False): (seed, None) for seed in seeds
+            }
+            done_jobs = 0
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    seed, method = pending.pop(future)
+                    done_jobs += 1
+                    if method is None:
+                        started(future.result())
+                        for m in settings.methods:
+                            job = pool.submit(train_method, base, settings, starts[seed], m, False)
+                            pending[job] = (seed, m)
+                        what = "warm start and its evaluation"
+                    else:
+                        rows[seed, method] = future.result()
+                        what = rows[seed, method].method
+                    if progress:
+                        elapsed = time.perf_counter() - t0
+                        print(
+                            f"[{done_jobs}/{total}, {elapsed:.0f} s, {jobs} processes] "
+                            f"seed {seed}: {what} done",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+    result.rows = [rows[seed, method] for seed in seeds for method in settings.methods]
     result.plot = str(plot_demo(result, Path(settings.output_dir) / "curves.png"))
     result.total_s = time.perf_counter() - t0
     return result
@@ -448,7 +544,10 @@ def _warm_start_lines(result: DemoResult) -> list[str]:
             f"{100 * w['greedy_accuracy']:.1f}%"
         )
     if lines:
-        lines.append(f"warm start time: {result.warm_start_s:.0f} s (cached after the first run)")
+        summed = " summed over the seeds" if several else ""
+        lines.append(
+            f"warm start time: {result.warm_start_s:.0f} s{summed} (cached after the first run)"
+        )
     return lines
 
 
@@ -571,6 +670,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output-dir", default=d.output_dir, help="Where the runs and curves.png go."
     )
     parser.add_argument("--cache-dir", default=None, help="Warm-start cache directory.")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="Processes running warm starts and runs side by side (default: the usable CPUs "
+        "divided by the recipe's threads). The table does not depend on it.",
+    )
     parser.add_argument("--no-progress", action="store_true", help="No progress bars.")
     parser.add_argument(
         "--json",
@@ -598,6 +704,7 @@ def run(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
             seeds=args.seeds,
+            jobs=args.jobs,
         )
         machine = machine_record()  # before the runs: the load they started under
         result = run_demo(settings, progress=not args.no_progress)
