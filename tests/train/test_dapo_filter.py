@@ -4,6 +4,8 @@ long answer look informative (it would train on length alone)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -95,3 +97,19 @@ def test_an_all_wrong_group_with_one_overlong_answer_is_dropped():
     # (its penalised rewards would give it A = [0.5, 0.5, -1.5, 0.5])
     assert advantages[:G].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
     assert advantages[G:].tolist() == [0.0] * G
+
+
+def test_advantage_std_reaches_the_batch():
+    """rollout.advantage_std is the std the trainer's advantages use: population (np.std, the
+    authors' code) divides by G, unbiased by G - 1, so unbiased / population = sqrt((G-1)/G)."""
+    kw = dict(questions_per_batch=2, group_size=G, dynamic_sampling=False)
+    unbiased = _collect(RolloutConfig(advantage_std="unbiased", **kw)).batch
+    population = _collect(RolloutConfig(advantage_std="population", **kw)).batch
+    assert torch.equal(unbiased.rewards, population.rewards)
+    signal = population.advantages[G:]  # question 2: one right answer among four
+    assert bool((signal != 0).all())
+    ratio = unbiased.advantages[G:] / signal
+    assert ratio.tolist() == pytest.approx([math.sqrt((G - 1) / G)] * G, rel=1e-5)
+    assert population.advantages[G:].tolist() == pytest.approx(
+        [3**0.5, *[-(3**-0.5)] * 3], rel=1e-5
+    )
