@@ -396,3 +396,52 @@ def test_paper_preset_never_selects_a_zero_score():
     torch.testing.assert_close(select_grad, skip_grad * int(nonzero.sum()) / k)
     omega = adv[:, None].expand(b, t)
     torch.testing.assert_close(skip_grad, torch.where(nonzero, -omega / int(nonzero.sum()), 0.0))
+
+
+def test_bottom_selection_keeps_zero_scores_in_s():
+    """A bottom selection asks for the smallest gradients, and zeros are the smallest: under
+    the paper preset ('skip') they stay selected and count in S = k, as eq. 2 counts them and as
+    ETS's bottom selection counts its zero-gradient tokens; 'skip' and 'select' agree there.
+    (Dropping them would divide the same sum by the nonzero selected tokens only: 22, not 32.)"""
+    b, t, ratio = 8, 5, 0.8
+    lp = -torch.rand(b, t, dtype=F64, generator=torch.Generator().manual_seed(6)) - 0.1
+    mask = torch.ones(b, t, dtype=torch.bool)
+    rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 0], dtype=F64)  # groups of 2: one all-equal
+    adv = gmts.group_advantages(rewards, 2)
+    entropy = torch.rand(b, t, dtype=F64, generator=torch.Generator().manual_seed(7)) + 0.1
+    objective = gmts.ObjectiveConfig.preset("grpo")
+    k = math.ceil(ratio * b * t)  # 32
+    omega = adv[:, None].expand(b, t)  # GRPO's first step: r = 1, the reference is the policy
+    score = (entropy * omega).abs()
+    zero = score == 0
+    assert int(zero.sum()) == 10 < k
+    # eq. 2 by hand: the k lowest scores (the 10 zeros and the 22 lowest non-zero), S = k
+    order = sorted(range(b * t), key=lambda i: (float(score.flatten()[i]), i))
+    expected = torch.zeros(b * t, dtype=torch.bool)
+    expected[order[:k]] = True
+    expected = expected.reshape(b, t)
+    for rule in ("skip", "select"):
+        cfg = gmts.SelectionConfig.preset("paper", ratio=ratio, largest=False, zero_scores=rule)
+        lp_var = lp.clone().requires_grad_(True)
+        res = gmts.select_for_update(
+            cfg,
+            objective,
+            logprobs=lp_var,
+            old_logprobs=lp,
+            advantages=adv,
+            response_mask=mask,
+            entropy=entropy,
+            ref_logprobs=lp,
+        )
+        assert torch.equal(res.selected, expected), rule
+        loss, _ = gmts.policy_loss(
+            lp_var,
+            lp,
+            adv,
+            mask,
+            gmts.LossConfig.of(objective, cfg),
+            selected=res.selected,
+            ref_logprobs=lp,
+        )
+        (grad,) = torch.autograd.grad(loss, lp_var)
+        torch.testing.assert_close(grad, torch.where(expected, -omega / k, 0.0))
