@@ -278,6 +278,27 @@ def test_quantile_count_is_trls_rule_for_every_n(rho, ties):
         assert differs_from_ceil > 0  # where the old exact count disagreed with TRL
 
 
+def test_quantile_count_compares_float64_scores_as_trl():
+    """TRL takes the quantile of the entropies in float32 but compares `entropies *
+    mask.float()` with it: float64 entropies stay float64 and the threshold is widened. A
+    float64 score just below the threshold whose float32 rounding equals it (the threshold is
+    often that very order statistic, rounded) is then not kept; a comparison in float32 would
+    keep it."""
+    g = torch.Generator().manual_seed(11)
+    rounding_decides = 0
+    for rho in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9):
+        for n in range(1, 101):
+            rows = 1 + n // 13
+            t = -(-n // rows)
+            mask = (torch.arange(rows * t) < n).reshape(rows, t)
+            h = 3 * torch.rand(rows, t, generator=g, dtype=F64)
+            theirs = _trl_mask(h, mask, rho)
+            assert torch.equal(gmts.select_tokens(h, mask, rho, count="quantile"), theirs)
+            in_float32 = _trl_mask(h.float(), mask, rho)
+            rounding_decides += not torch.equal(in_float32, theirs)
+    assert rounding_decides > 0  # cases where a float32 comparison would differ from TRL
+
+
 def test_quantile_count_matches_torch_quantile_in_float32_interpolation():
     g = torch.Generator().manual_seed(0)
     for trial in range(200):
