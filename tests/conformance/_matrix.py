@@ -158,11 +158,11 @@ def reference_selection(batch: Batch, cfg: gmts.SelectionConfig, algorithm: str)
         units.setdefault(unit, []).extend((i, t) for t in range(T) if batch.mask[i, t])
     selected = torch.zeros(B, T, dtype=torch.bool)
     for tokens in units.values():
-        if cfg.count == "quantile":  # TRL: H >= torch.quantile(H_valid.float(), 1 - rho)
+        if cfg.count == "quantile":  # TRL: H * mask.float() >= quantile(H_valid.float(), 1 - rho)
             values = torch.tensor([float(score[it]) for it in tokens]).float()
             threshold = torch.quantile(values, 1 - RATIO)
-            for it in tokens:
-                selected[it] = bool(score[it].float() >= threshold)
+            for it in tokens:  # in the scores' dtype (float64 here): TRL widens the threshold
+                selected[it] = bool(score[it] * 1.0 >= threshold)
             continue
         n = len(tokens)
         exact = RATIO * n

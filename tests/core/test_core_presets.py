@@ -59,25 +59,12 @@ def _authors_advantages(rewards: torch.Tensor, lengths: list[int], method: str) 
     return out
 
 
-def _authors_selection(lp, old, ref, entropy, adv, lengths, method, score, ratio, beta):
-    """GMTS(): per question group, score = entropy * |omega with the normalised A|, sorted
-    ascending (stable: answer then position), the first ceil((1 - ratio) N) removed. ETS: one
-    threshold over the mini-batch, sorted[int((1 - ratio) N) - 1], keep >= it.
-
-    Counts are evaluated exactly on the decimal ratio: their float products (0.8 * 15 =
-    12.000000000000002, so ceil gives 13) are an artifact the presets do not copy."""
-    b, t = lp.shape
-    selected = torch.zeros(b, t, dtype=torch.bool)
-    removed = 1 - Fraction(str(ratio))
-    if score == "entropy":
-        values = sorted(float(entropy[i, j]) for i in range(b) for j in range(lengths[i]))
-        m = removed.numerator * len(values) // removed.denominator  # int(0.8 N)
-        threshold = values[m - 1] if m > 0 else values[0]
-        for i in range(b):
-            for j in range(lengths[i]):
-                selected[i, j] = float(entropy[i, j]) >= threshold
-        return selected
-    for q in range(b // G):
+def _authors_gmts_order(lp, old, ref, entropy, adv, lengths, method, beta):
+    """GMTS()'s scores per question group, entropy * |omega with the normalised A|, each group
+    sorted ascending as their stable sort leaves it (equal scores in (answer, position) order):
+    a list of [(score, i, j), ...] per group."""
+    groups = []
+    for q in range(lp.shape[0] // G):
         entries = []
         for i in range(q * G, (q + 1) * G):
             for j in range(lengths[i]):
@@ -90,8 +77,36 @@ def _authors_selection(lp, old, ref, entropy, adv, lengths, method, score, ratio
                     omega += kl / (lengths[i] * G)
                 entries.append((float(entropy[i, j]) * abs(omega), i, j))
         entries.sort(key=lambda e: e[0])  # stable: equal scores keep (answer, position) order
-        k = -(-removed.numerator * len(entries) // removed.denominator)  # ceil(0.8 N)
-        for _, i, j in entries[k:]:
+        groups.append(entries)
+    return groups
+
+
+def _removed_count(n: int, ratio: float) -> int:
+    """ceil((1 - ratio) N), exact on the decimal ratio."""
+    removed = 1 - Fraction(str(ratio))
+    return -(-removed.numerator * n // removed.denominator)
+
+
+def _authors_selection(lp, old, ref, entropy, adv, lengths, method, score, ratio, beta):
+    """GMTS(): per question group, the scores sorted ascending (stable: answer then position),
+    the first ceil((1 - ratio) N) removed. ETS: one threshold over the mini-batch,
+    sorted[int((1 - ratio) N) - 1], keep >= it.
+
+    Counts are evaluated exactly on the decimal ratio: their float products (0.8 * 15 =
+    12.000000000000002, so ceil gives 13) are an artifact the presets do not copy."""
+    b, t = lp.shape
+    selected = torch.zeros(b, t, dtype=torch.bool)
+    if score == "entropy":
+        removed = 1 - Fraction(str(ratio))
+        values = sorted(float(entropy[i, j]) for i in range(b) for j in range(lengths[i]))
+        m = removed.numerator * len(values) // removed.denominator  # int(0.8 N)
+        threshold = values[m - 1] if m > 0 else values[0]
+        for i in range(b):
+            for j in range(lengths[i]):
+                selected[i, j] = float(entropy[i, j]) >= threshold
+        return selected
+    for entries in _authors_gmts_order(lp, old, ref, entropy, adv, lengths, method, beta):
+        for _, i, j in entries[_removed_count(len(entries), ratio) :]:
             selected[i, j] = True
     return selected
 
@@ -113,13 +128,10 @@ def _authors_loss(lp_var, old, ref, adv, selected, lengths, method, beta):
     return total
 
 
-@pytest.mark.parametrize("method", ["grpo", "dapo"])
-@pytest.mark.parametrize("score", ["gmts", "entropy"])
-@pytest.mark.parametrize("ratio", [0.2, 0.3, 0.5])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_reference_code_preset_equals_the_authors_formulas(method, score, ratio, seed):
-    lengths = [9, 3, 5, 1, 7, 2, 8, 4, 6, 6, 1, 5]  # three questions, unequal group lengths
-    lp, old, ref, entropy, rewards, mask, group_ids = _group_batch(seed, lengths)
+def _check_reference_code(batch, lengths, method, score, ratio):
+    """The reference-code preset's selection, loss and gradient against the authors' formulas
+    on ``batch`` (from :func:`_group_batch`)."""
+    lp, old, ref, entropy, rewards, mask, group_ids = batch
     beta = 0.04 if method == "grpo" else 0.0
     adv_theirs = _authors_advantages(rewards, lengths, method)
     # their scores use the normalised advantage; its 1/(G|o_i|) or 1/N_group is the loss's
@@ -160,6 +172,42 @@ def test_reference_code_preset_equals_the_authors_formulas(method, score, ratio,
     (grad,) = torch.autograd.grad(loss, lp_ours)
     assert loss.item() == pytest.approx(loss_theirs.item(), rel=1e-12, abs=1e-15)
     torch.testing.assert_close(grad, grad_theirs, rtol=1e-10, atol=1e-14)
+
+
+LENGTHS = [9, 3, 5, 1, 7, 2, 8, 4, 6, 6, 1, 5]  # three questions, unequal group lengths
+
+
+@pytest.mark.parametrize("method", ["grpo", "dapo"])
+@pytest.mark.parametrize("score", ["gmts", "entropy"])
+@pytest.mark.parametrize("ratio", [0.2, 0.3, 0.5])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_code_preset_equals_the_authors_formulas(method, score, ratio, seed):
+    _check_reference_code(_group_batch(seed, LENGTHS), LENGTHS, method, score, ratio)
+
+
+@pytest.mark.parametrize("method", ["grpo", "dapo"])
+@pytest.mark.parametrize("ratio", [0.2, 0.3, 0.5])
+def test_reference_code_preset_breaks_ties_at_the_cut_as_their_sort(method, ratio):
+    """Every even position's log-probs and entropy copied to the next one, so within an answer
+    tokens come in pairs of equal GMTS score; the batch is drawn until one such pair straddles
+    the cut of some question group (their stable sort removes the first of the two, keeping
+    the later token: ties='last'; ties='first' keeps the other)."""
+    beta = 0.04 if method == "grpo" else 0.0
+    for seed in range(100):
+        batch = _group_batch(seed, LENGTHS)
+        lp, old, ref, entropy, rewards = batch[:5]
+        for x in (lp, old, ref, entropy):
+            x[:, 1::2] = x[:, 0:-1:2]
+        adv = _authors_advantages(rewards, LENGTHS, method)
+        straddling = 0
+        for entries in _authors_gmts_order(lp, old, ref, entropy, adv, LENGTHS, method, beta):
+            k = _removed_count(len(entries), ratio)
+            if 0 < k < len(entries) and entries[k - 1][0] == entries[k][0] > 0:
+                straddling += 1
+        if straddling:
+            break
+    assert straddling, "no batch with a tie at the cut"
+    _check_reference_code(batch, LENGTHS, method, "gmts", ratio)
 
 
 def test_reference_code_ties_go_to_the_last_token():
@@ -228,6 +276,27 @@ def test_quantile_count_is_trls_rule_for_every_n(rho, ties):
             assert int(got.sum()) == n - math.ceil(Fraction(str(1 - rho)) * (n - 1))
     if not ties and rho in (0.7, 0.9):
         assert differs_from_ceil > 0  # where the old exact count disagreed with TRL
+
+
+def test_quantile_count_compares_float64_scores_as_trl():
+    """TRL takes the quantile of the entropies in float32 but compares `entropies *
+    mask.float()` with it: float64 entropies stay float64 and the threshold is widened. A
+    float64 score just below the threshold whose float32 rounding equals it (the threshold is
+    often that very order statistic, rounded) is then not kept; a comparison in float32 would
+    keep it."""
+    g = torch.Generator().manual_seed(11)
+    rounding_decides = 0
+    for rho in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9):
+        for n in range(1, 101):
+            rows = 1 + n // 13
+            t = -(-n // rows)
+            mask = (torch.arange(rows * t) < n).reshape(rows, t)
+            h = 3 * torch.rand(rows, t, generator=g, dtype=F64)
+            theirs = _trl_mask(h, mask, rho)
+            assert torch.equal(gmts.select_tokens(h, mask, rho, count="quantile"), theirs)
+            in_float32 = _trl_mask(h.float(), mask, rho)
+            rounding_decides += not torch.equal(in_float32, theirs)
+    assert rounding_decides > 0  # cases where a float32 comparison would differ from TRL
 
 
 def test_quantile_count_matches_torch_quantile_in_float32_interpolation():
@@ -348,3 +417,52 @@ def test_paper_preset_never_selects_a_zero_score():
     torch.testing.assert_close(select_grad, skip_grad * int(nonzero.sum()) / k)
     omega = adv[:, None].expand(b, t)
     torch.testing.assert_close(skip_grad, torch.where(nonzero, -omega / int(nonzero.sum()), 0.0))
+
+
+def test_bottom_selection_keeps_zero_scores_in_s():
+    """A bottom selection asks for the smallest gradients, and zeros are the smallest: under
+    the paper preset ('skip') they stay selected and count in S = k, as eq. 2 counts them and as
+    ETS's bottom selection counts its zero-gradient tokens; 'skip' and 'select' agree there.
+    (Dropping them would divide the same sum by the nonzero selected tokens only: 22, not 32.)"""
+    b, t, ratio = 8, 5, 0.8
+    lp = -torch.rand(b, t, dtype=F64, generator=torch.Generator().manual_seed(6)) - 0.1
+    mask = torch.ones(b, t, dtype=torch.bool)
+    rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 0], dtype=F64)  # groups of 2: one all-equal
+    adv = gmts.group_advantages(rewards, 2)
+    entropy = torch.rand(b, t, dtype=F64, generator=torch.Generator().manual_seed(7)) + 0.1
+    objective = gmts.ObjectiveConfig.preset("grpo")
+    k = math.ceil(ratio * b * t)  # 32
+    omega = adv[:, None].expand(b, t)  # GRPO's first step: r = 1, the reference is the policy
+    score = (entropy * omega).abs()
+    zero = score == 0
+    assert int(zero.sum()) == 10 < k
+    # eq. 2 by hand: the k lowest scores (the 10 zeros and the 22 lowest non-zero), S = k
+    order = sorted(range(b * t), key=lambda i: (float(score.flatten()[i]), i))
+    expected = torch.zeros(b * t, dtype=torch.bool)
+    expected[order[:k]] = True
+    expected = expected.reshape(b, t)
+    for rule in ("skip", "select"):
+        cfg = gmts.SelectionConfig.preset("paper", ratio=ratio, largest=False, zero_scores=rule)
+        lp_var = lp.clone().requires_grad_(True)
+        res = gmts.select_for_update(
+            cfg,
+            objective,
+            logprobs=lp_var,
+            old_logprobs=lp,
+            advantages=adv,
+            response_mask=mask,
+            entropy=entropy,
+            ref_logprobs=lp,
+        )
+        assert torch.equal(res.selected, expected), rule
+        loss, _ = gmts.policy_loss(
+            lp_var,
+            lp,
+            adv,
+            mask,
+            gmts.LossConfig.of(objective, cfg),
+            selected=res.selected,
+            ref_logprobs=lp,
+        )
+        (grad,) = torch.autograd.grad(loss, lp_var)
+        torch.testing.assert_close(grad, torch.where(expected, -omega / k, 0.0))

@@ -28,6 +28,7 @@ pytest.importorskip("trl")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # trl_batches (not a package)
 import trl_batches as tb  # noqa: E402
 
+import gmts  # noqa: E402
 from gmts.core import SelectionConfig  # noqa: E402
 from gmts.core.objectives import gradient_coefficient, loss_omega  # noqa: E402
 from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer  # noqa: E402
@@ -392,6 +393,33 @@ def test_ceil_count_differs_from_trls_quantile_with_distinct_scores(trainer, bat
     assert differ[14] == [(0.3, 4, 5), (0.9, 12, 13)]  # (rho, TRL's count, ceil(rho N))
     assert differ[31] == [(0.2, 6, 7), (0.3, 9, 10)]
     assert differ["batch"]
+
+
+def test_trl_preset_keeps_trls_mask_for_float64_entropies(trainer):
+    """TRL's quantile is float32 but it compares `entropies * mask.float()`, float64 for float64
+    entropies, with it: a score just below the threshold that rounds to it in float32 is left
+    out. The 'trl' preset does the same (TRL's own get_high_entropy_mask, one process)."""
+    g = torch.Generator().manual_seed(12)
+    rounding_decides = 0
+    for rho in RHOS:
+        for n in range(1, 61):
+            values = 3 * torch.rand(2, n, generator=g, dtype=torch.float64)
+            valid = (torch.rand(2, n, generator=g) < 0.8).long()
+            theirs = trainer.get_high_entropy_mask(values, valid, 1 - rho)
+            zeros = torch.zeros_like(values)
+            ours = gmts.select_for_update(
+                SelectionConfig.preset("trl", score="entropy", ratio=rho),
+                gmts.ObjectiveConfig.preset("grpo"),
+                logprobs=zeros,
+                old_logprobs=zeros,
+                advantages=torch.ones(2, dtype=torch.float64),
+                response_mask=valid.bool(),
+                entropy=values,
+            ).selected
+            assert torch.equal(ours, theirs), (rho, n)
+            in_float32 = trainer.get_high_entropy_mask(values.float(), valid, 1 - rho)
+            rounding_decides += not torch.equal(in_float32, theirs)
+    assert rounding_decides > 0  # a comparison in float32 would have differed
 
 
 # ------------------------------------------------------------------------------------------

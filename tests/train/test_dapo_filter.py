@@ -4,6 +4,9 @@ long answer look informative (it would train on length alone)."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from gmts.core.advantages import dynamic_sampling_keep
@@ -56,18 +59,9 @@ def _exact(completion: str, answer: str) -> float:
     return float(completion.strip() == answer)
 
 
-def test_an_all_wrong_group_with_one_overlong_answer_is_dropped():
-    tokenizer = build_char_tokenizer()
-    r = RolloutConfig(
-        questions_per_batch=2,
-        group_size=G,
-        dynamic_sampling=True,
-        max_sampling_rounds=1,  # one round: what the filter drops is topped up and counted
-        overlong_buffer=4,
-        overlong_penalty=1.0,
-    )
-    collected = collect_batch(
-        _Engine(tokenizer),
+def _collect(r: RolloutConfig):
+    return collect_batch(
+        _Engine(build_char_tokenizer()),
         _Source(),
         _exact,
         r,
@@ -77,13 +71,45 @@ def test_an_all_wrong_group_with_one_overlong_answer_is_dropped():
         info=DistInfo(),
         device=torch.device("cpu"),
     )
+
+
+def test_an_all_wrong_group_with_one_overlong_answer_is_dropped():
+    r = RolloutConfig(
+        questions_per_batch=2,
+        group_size=G,
+        dynamic_sampling=True,
+        max_sampling_rounds=1,  # one round: what the filter drops is topped up and counted
+        overlong_buffer=4,
+        overlong_penalty=1.0,
+    )
+    collected = _collect(r)
     metrics = collected.metrics(r)
     # kept: question 2 only; question 1 comes back only as a top-up, after it (the round limit)
     assert metrics["sampling/kept_group_fraction"] == 0.5
     assert metrics["sampling/topped_up_groups"] == 1.0
-    rewards = collected.batch.rewards
+    rewards, advantages = collected.batch.rewards, collected.batch.advantages
     assert rewards[:G].tolist() == [1.0, 0.0, 0.0, 0.0]
     # question 1's penalised rewards differ (0, 0, -1, 0): a filter on them would have kept it
     penalised = rewards[G:]
     assert penalised.tolist() == [0.0, 0.0, -1.0, 0.0]
     assert bool(dynamic_sampling_keep(penalised, G).all())
+    # the kept group trains on correctness; the top-up carries no signal, not even length's
+    # (its penalised rewards would give it A = [0.5, 0.5, -1.5, 0.5])
+    assert advantages[:G].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
+    assert advantages[G:].tolist() == [0.0] * G
+
+
+def test_advantage_std_reaches_the_batch():
+    """rollout.advantage_std is the std the trainer's advantages use: population (np.std, the
+    authors' code) divides by G, unbiased by G - 1, so unbiased / population = sqrt((G-1)/G)."""
+    kw = dict(questions_per_batch=2, group_size=G, dynamic_sampling=False)
+    unbiased = _collect(RolloutConfig(advantage_std="unbiased", **kw)).batch
+    population = _collect(RolloutConfig(advantage_std="population", **kw)).batch
+    assert torch.equal(unbiased.rewards, population.rewards)
+    signal = population.advantages[G:]  # question 2: one right answer among four
+    assert bool((signal != 0).all())
+    ratio = unbiased.advantages[G:] / signal
+    assert ratio.tolist() == pytest.approx([math.sqrt((G - 1) / G)] * G, rel=1e-5)
+    assert population.advantages[G:].tolist() == pytest.approx(
+        [3**0.5, *[-(3**-0.5)] * 3], rel=1e-5
+    )

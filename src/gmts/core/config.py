@@ -77,8 +77,10 @@ class SelectionConfig:
         default="skip",
         metadata=_help(
             "select: a token whose score is exactly 0 is selectable like any other (ties at 0 "
-            "fill the count and S); skip: never selected (a zero GMTS score means zero policy "
-            "gradient; the paper preset skips them so they do not inflate S_rho)."
+            "fill the count and S); skip: never selected by a top selection (a zero GMTS score "
+            "means zero policy gradient; the paper preset skips them so they do not inflate "
+            "S_rho). A bottom selection (largest=False) keeps zeros under either rule: they are "
+            "the lowest scores it asks for, and eq. 2 counts them in S."
         ),
     )
     omega: str = field(
@@ -144,7 +146,7 @@ class SelectionConfig:
 
         - ``"paper"``: eq. 2: one selection over the mini-batch of every rank, divide by the
           selected count, KL on the selected tokens, k = ceil(rho N), zero scores never
-          selected. The default.
+          selected by a top selection. The default.
         - ``"reference-code"``: the authors' standalone GRPO-Zero code: GMTS (and every score
           but entropy) per question group keeping floor(rho N) with the last ties first, ETS
           over the whole mini-batch keeping every score >= the floor((1-rho) N)-th smallest;

@@ -452,7 +452,10 @@ def _select_beyond_threshold(
     own quantile raises above 2^24) and every rank of ``group`` gets the global threshold.
     ``index`` (the authors' ETS code): ``t = v[m - 1]`` with ``m = floor((1 - ratio) N)``
     (every valid token when ``m = 0``); for ``largest=False`` the mirror image, ``t = v[N - m]``
-    and keep ``<= t``. Compared in float32 (float64 scores under ``index``).
+    and keep ``<= t``. The threshold is float32 under ``quantile``; the scores are compared in
+    float32, or in float64 when they are float64 (TRL's ``entropies * mask.float() >= t``
+    widens the threshold to float64 then); under ``index`` in float32, or float64 for float64
+    scores.
     """
     values = _working_scores(scores, wide=count == "index" and scores.dtype == torch.float64)
     n_local = torch.count_nonzero(mask).reshape(1)
@@ -475,6 +478,11 @@ def _select_beyond_threshold(
         low_value = kth_smallest(lo).float()
         high_value = low_value if hi == lo else kth_smallest(hi).float()
         threshold = torch.lerp(low_value, high_value, rank - lo)
+        if scores.dtype == torch.float64:
+            # TRL compares `entropies * mask.float()` with the float32 threshold: float64
+            # entropies stay float64 and the threshold is widened, so a score just below it
+            # is not kept even where its float32 rounding equals it
+            values, threshold = scores.detach() + 0.0, threshold.double()
     else:
         removed = 1 - _ratio_fraction(ratio)  # the mirror image for largest=False
         m = removed.numerator * n // removed.denominator

@@ -60,8 +60,9 @@ def select_for_update(
     compute with the same objective and weights (times the aggregation's per-token weight with
     ``config.omega_weighting``). Only the inputs the score needs
     (:func:`gmts.score_requirements`) are read; a missing one raises ValueError. With
-    ``config.zero_scores == "skip"`` a selected token whose score is exactly 0 is dropped from
-    the selection (it carries no policy gradient; see docs/semantics.md section 4).
+    ``config.zero_scores == "skip"`` and ``config.largest`` a selected token whose score is
+    exactly 0 is dropped from the selection (it carries no policy gradient and fills the count
+    only); a bottom selection (``largest=False``) keeps them (docs/semantics.md section 4).
 
     This selects over exactly the rows it is given: a caller with ``config.unit ==
     "micro-batch"`` calls it once per micro-batch.
@@ -125,7 +126,10 @@ def select_for_update(
         count=config.count,
         ties=config.ties,
     )
-    if config.zero_scores == "skip":
+    if config.zero_scores == "skip" and config.largest:
+        # a top selection reaches a zero score only to fill its count (fewer than k tokens
+        # carry gradient); a bottom selection takes zeros first, as the smallest gradients
+        # there are, and eq. 2 counts them in S (docs/semantics.md section 4)
         selected = selected & (scores != 0)
     threshold = selection_threshold(
         scores, selected, largest=config.largest, process_group=process_group

@@ -135,7 +135,8 @@ def collect_batch(
     generates for its contiguous slice. With dynamic sampling, groups whose rewards are all
     equal are dropped and further rounds run (collectively: every rank runs the same number of
     rounds, so the sources stay identical) until every rank is full or
-    ``max_sampling_rounds`` is reached; then dropped groups top the batch up.
+    ``max_sampling_rounds`` is reached; then dropped groups top the batch up, with advantage 0
+    (they carry no correctness signal: verl's DAPO recipe raises an error at its limit instead).
     """
     from gmts.sampling.rollout import Rollout
 
@@ -183,7 +184,8 @@ def collect_batch(
         if not r.dynamic_sampling or missing == 0 or rounds >= r.max_sampling_rounds:
             break
     topped_up = n_local - have
-    for roll, reward, raw in dropped:  # at the round limit: fill with zero-advantage groups
+    filtered_rows = have * G  # the rows the filter kept; top-ups come after them
+    for roll, reward, raw in dropped:  # at the round limit: fill with dropped groups
         if have >= n_local:
             break
         n = min(roll.num_groups, n_local - have)
@@ -194,6 +196,10 @@ def collect_batch(
     reward = torch.cat([k[1] for k in kept])
     raw = torch.cat([k[2] for k in kept])
     advantages = group_advantages(reward, G, std_normalize=r.std_normalize, std=r.advantage_std)
+    # A top-up group was dropped because its answers are all correct or all wrong: it carries
+    # no correctness signal, so it gets advantage 0 even where the overlong penalty made its
+    # rewards differ (its penalised advantages would train on length alone)
+    advantages[filtered_rows:] = 0.0
     batch = TrainBatch.from_rollout(roll, reward, advantages, group_offset=info.rank * n_local)
     stats = RolloutStats(
         answers=float(len(reward)),

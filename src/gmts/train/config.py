@@ -181,7 +181,9 @@ class RolloutConfig:
         "further batches until full (null: on for DAPO, off for GRPO).",
     )
     max_sampling_rounds: int = _f(
-        4, "Dynamic sampling: rollout rounds per step at most; then the batch is topped up."
+        4,
+        "Dynamic sampling: rollout rounds per step at most; then the batch is topped up with "
+        "dropped groups, at advantage 0.",
     )
     overlong_buffer: int = _f(
         0, "DAPO soft overlong punishment: buffer length L_cache in tokens (0: off)."

@@ -15,7 +15,8 @@ Departures from the paper and why (see docs/training.md for the full list):
 - mini-batches are taken in order (no shuffling) so that groups stay whole and runs are
   reproducible; the paper does not specify an order.
 - when dynamic sampling hits ``max_sampling_rounds``, the batch is topped up with dropped
-  (zero-advantage) groups instead of failing, so every rank keeps the same shapes.
+  groups, given advantage 0, instead of failing (verl's DAPO recipe raises), so every rank
+  keeps the same shapes.
 """
 
 from __future__ import annotations
