@@ -156,9 +156,11 @@ def ref_kl(lp, ref, estimator, clamp):
         value = d.abs()
     elif base == "k2":
         value = 0.5 * d.square()
-    else:
+    elif base == "k3":
         x = ref - lp
         value = torch.exp(x) - x - 1
+    else:  # a new estimator needs its own reference here
+        raise ValueError(f"no reference for the KL estimator {estimator!r}")
     if clamp is not None:
         value = torch.clamp(value, min=-clamp, max=clamp)
     if estimator.endswith("+"):
