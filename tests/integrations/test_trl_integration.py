@@ -24,6 +24,7 @@ from gmts.integrations.trl import (  # noqa: E402
     check_trl_args,
     gmts_args,
 )
+from gmts.integrations.trl_loss import TRLLossOptions  # noqa: E402
 
 
 def _length_reward(completions, **kwargs):
@@ -206,6 +207,7 @@ def test_inexpressible_trl_options_raise_at_construction(overrides, needle):
         dict(entropy_coef=0.01),
         dict(use_adaptive_entropy=True),
         dict(beta=0.04, use_bias_correction_kl=True),
+        dict(use_vllm=True),  # TRL's defaults: correction on, mode sequence_mask
         *[
             dict(use_vllm=True, vllm_importance_sampling_mode=mode)
             for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -216,6 +218,11 @@ def test_trl_options_are_accepted(overrides):
     """Every TRL 1.16 loss option that has an exact core objective (TRL's defaults with
     use_vllm among them: vllm_importance_sampling_correction=True, mode sequence_mask)."""
     args = GMTSGRPOConfig(**_common(**overrides))
+    if args.use_vllm:  # the case accepts TRL's IS correction, which TRL switches on by default
+        assert args.vllm_importance_sampling_correction is True
+        mode = overrides.get("vllm_importance_sampling_mode", "sequence_mask")
+        assert args.vllm_importance_sampling_mode == mode
+        assert TRLLossOptions.from_args(args).vllm_is_mode == mode  # the loss applies it
     assert check_trl_args(args) is None  # raises ValueError listing problems otherwise
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -176,6 +177,29 @@ def test_loss_equals_trls_own_loss(trainer, batches, case, batch):
     assert float(theirs[1].abs().max()) > 0
 
 
+def _quoted_values(help_text: str, lead: str) -> tuple[str, ...]:
+    """The quoted names of the sentence that starts with ``lead`` in a TRL help text."""
+    sentence = help_text.split(lead, 1)[1].split(". ", 1)[0]
+    return tuple(re.findall(r"'(\w+)'", sentence))
+
+
+def test_the_loss_types_and_vllm_is_modes_are_trls():
+    """LOSS_TYPES and VLLM_IS_MODES (which parametrize this module) are exactly the values the
+    installed TRL's GRPOConfig documents, and its generation code names every mode."""
+    import inspect
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    fields = GRPOConfig.__dataclass_fields__
+    loss_help = fields["loss_type"].metadata["help"]
+    mode_help = fields["vllm_importance_sampling_mode"].metadata["help"]
+    assert set(_quoted_values(loss_help, "Supported values are")) == set(LOSS_TYPES)
+    assert set(_quoted_values(mode_help, "Supported options are")) == set(VLLM_IS_MODES)
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for mode in VLLM_IS_MODES:
+        assert f'"{mode}"' in source, mode
+
+
 def test_the_cases_exercise_what_they_name(trainer, batches):
     """Guard against vacuous cases: on these batches the clips, delta, the off-policy mask and
     every IS mode's truncation / masking act on some tokens."""
@@ -232,7 +256,7 @@ OMEGA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ("stale", "token_mask", "sequence_truncate"))
+@pytest.mark.parametrize("mode", ("stale", *VLLM_IS_MODES))
 @pytest.mark.parametrize("case", OMEGA_CASES, ids=[_case_id(c) for c in OMEGA_CASES])
 def test_gmts_omega_is_the_gradient_of_trls_token_loss(trainer, batches, case, mode):
     """omega (the trainer's objective, advantages and importance weights through the core's
