@@ -131,11 +131,14 @@ def ref_dro(lp, old, a, mask, w, c):
 
 
 def ref_vespo(lp, old, a, mask, w, c):
-    """TRL get_gamma_weights (w: its importance_sampling_ratio) then -phi A log pi."""
+    """TRL get_gamma_weights (w: its importance_sampling_ratio) then -phi A log pi. TRL sums
+    the ratio's log over every position; c["padding"] is its ratio outside the mask (1 unless
+    the IS range excludes 1)."""
     with torch.no_grad():
         lower = math.log(1e-8)
         seq = torch.sum(torch.clamp(lp - old, -20.0, 20.0) * mask, dim=-1, keepdim=True)
-        seq = seq + torch.sum(torch.clamp(torch.log(w), lower, 20.0) * mask, dim=-1, keepdim=True)
+        ratio = torch.where(mask.bool(), w, torch.full_like(w, c.get("padding", 1.0)))
+        seq = seq + torch.sum(torch.clamp(torch.log(ratio), lower, 20.0), dim=-1, keepdim=True)
         log_w = torch.clamp(seq, lower, 20.0)
         nonneg = a >= 0
         k = torch.where(nonneg, c["k_pos"], c["k_neg"])

@@ -185,6 +185,21 @@ CASES = {
             lp, old, a, m, w, dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
         ),
     ),
+    # TRL's sum over the padding: its truncated ratio 1.3 / its masked ratio 0 (log 1e-8)
+    **{
+        f"vespo-padding-{padding}": (
+            dict(name="vespo", vespo_padding_weight=padding),
+            lambda lp, old, a, m, w, padding=padding: ref_vespo(
+                lp,
+                old,
+                a,
+                m,
+                w,
+                dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, padding=padding),
+            ),
+        )
+        for padding in (1.3, 0.0)
+    },
 }
 
 
@@ -477,6 +492,10 @@ def test_objective_config_names_every_mistake():
         ObjectiveConfig(name="gmpo", ratio_level="sequence")
     with pytest.raises(ValueError, match="dro_beta"):
         ObjectiveConfig(name="dro")
+    with pytest.raises(ValueError, match="vespo_padding_weight must be a finite number >= 0"):
+        ObjectiveConfig(name="vespo", vespo_padding_weight=-0.5)
+    with pytest.raises(ValueError, match=r"'ppo' does not read \['vespo_padding_weight'\]"):
+        ObjectiveConfig(vespo_padding_weight=0.0)
     with pytest.raises(ValueError, match="kl_estimator"):
         ObjectiveConfig(kl_estimator="k4")
     with pytest.raises(ValueError, match="dual_clip_all_signs needs dual_clip"):
