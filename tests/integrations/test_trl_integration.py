@@ -174,11 +174,23 @@ def test_paper_normalisation_divides_by_selected_count(model_dir):
             dict(
                 loss_type="vespo",
                 use_vllm=True,
+                vllm_importance_sampling_correction=True,
                 vllm_importance_sampling_mode="token_truncate",
                 vllm_importance_sampling_clip_min=1.5,
             ),
-            "excludes 1",
+            "excludes 1.*padding included.*gmts_vespo_trl_padding=True",
         ),
+        (
+            dict(
+                loss_type="vespo",
+                use_vllm=True,
+                vllm_importance_sampling_correction=True,
+                vllm_importance_sampling_mode="token_mask",
+                vllm_importance_sampling_clip_max=0.9,
+            ),
+            "excludes 1.*masked to 0",
+        ),
+        (dict(loss_type="dapo", gmts_vespo_trl_padding=True), "loss_type='vespo' only"),
         (dict(gmts_scope="group"), "gmts_scope"),
         (dict(gmts_normalize="per-group"), "per-group"),
         (dict(gradient_accumulation_steps=2, steps_per_generation=3), "steps_per_generation"),
@@ -208,6 +220,16 @@ def test_inexpressible_trl_options_raise_at_construction(overrides, needle):
         dict(use_adaptive_entropy=True),
         dict(beta=0.04, use_bias_correction_kl=True),
         dict(use_vllm=True),  # TRL's defaults: correction on, mode sequence_mask
+        *[  # VESPO with a token IS range that excludes 1: TRL's loss reproduced on request
+            dict(
+                loss_type="vespo",
+                use_vllm=True,
+                vllm_importance_sampling_mode=mode,
+                vllm_importance_sampling_clip_min=1.5,
+                gmts_vespo_trl_padding=True,
+            )
+            for mode in ("token_truncate", "token_mask")
+        ],
         *[
             dict(use_vllm=True, vllm_importance_sampling_mode=mode)
             for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
