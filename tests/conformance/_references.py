@@ -131,11 +131,14 @@ def ref_dro(lp, old, a, mask, w, c):
 
 
 def ref_vespo(lp, old, a, mask, w, c):
-    """TRL get_gamma_weights (w: its importance_sampling_ratio) then -phi A log pi."""
+    """TRL get_gamma_weights (w: its importance_sampling_ratio) then -phi A log pi. TRL sums
+    the ratio's log over every position; c["padding"] is its ratio outside the mask (1 unless
+    the IS range excludes 1)."""
     with torch.no_grad():
         lower = math.log(1e-8)
         seq = torch.sum(torch.clamp(lp - old, -20.0, 20.0) * mask, dim=-1, keepdim=True)
-        seq = seq + torch.sum(torch.clamp(torch.log(w), lower, 20.0) * mask, dim=-1, keepdim=True)
+        ratio = torch.where(mask.bool(), w, torch.full_like(w, c.get("padding", 1.0)))
+        seq = seq + torch.sum(torch.clamp(torch.log(ratio), lower, 20.0), dim=-1, keepdim=True)
         log_w = torch.clamp(seq, lower, 20.0)
         nonneg = a >= 0
         k = torch.where(nonneg, c["k_pos"], c["k_neg"])
@@ -156,9 +159,11 @@ def ref_kl(lp, ref, estimator, clamp):
         value = d.abs()
     elif base == "k2":
         value = 0.5 * d.square()
-    else:
+    elif base == "k3":
         x = ref - lp
         value = torch.exp(x) - x - 1
+    else:  # a new estimator needs its own reference here
+        raise ValueError(f"no reference for the KL estimator {estimator!r}")
     if clamp is not None:
         value = torch.clamp(value, min=-clamp, max=clamp)
     if estimator.endswith("+"):

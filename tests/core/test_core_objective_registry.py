@@ -185,12 +185,45 @@ CASES = {
             lp, old, a, m, w, dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
         ),
     ),
+    # TRL's sum over the padding: its truncated ratio 1.3 / its masked ratio 0 (log 1e-8)
+    **{
+        f"vespo-padding-{padding}": (
+            dict(name="vespo", vespo_padding_weight=padding),
+            lambda lp, old, a, m, w, padding=padding: ref_vespo(
+                lp,
+                old,
+                a,
+                m,
+                w,
+                dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, padding=padding),
+            ),
+        )
+        for padding in (1.3, 0.0)
+    },
 }
+
+
+# KL off, then every registered KL estimator (the straight-through "+" ones included), each
+# unclamped and clamped at 0.5 (which the spread-0.5 batches exceed: test_the_kl_clamp_acts)
+KL_CLAMP = 0.5
+KL_OPTIONS = [None] + [
+    (estimator, clamp) for estimator in gmts.available_kl_estimators() for clamp in (None, KL_CLAMP)
+]
 
 
 def test_every_registered_objective_has_a_reference_case():
     covered = {kw["name"] for kw, _ in CASES.values()}
     assert covered == set(gmts.available_objectives())
+
+
+def test_the_kl_clamp_acts():
+    """The clamped KL cases discriminate: in the batches of spread 0.5, every estimator's value
+    is beyond the clamp at some valid token and within it at others."""
+    for estimator in gmts.available_kl_estimators():
+        for seed in (0, 1):
+            lp, _, ref, _, mask, _ = _batch(seed, 0.5)
+            beyond = gmts.get_kl_estimator(estimator).value(lp - ref).abs()[mask] > KL_CLAMP
+            assert bool(beyond.any()) and not bool(beyond.all()), (estimator, seed)
 
 
 def _reference_grad(ref_fn, lp, old, a, mask, w, kl):
@@ -215,7 +248,7 @@ def _close(a, b, scale=1.0):
 @pytest.mark.parametrize("spread", [0.02, 0.5])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize(
-    "kl", [None, ("k3", None), ("k3", 0.5), ("k1", None), ("k2", None), ("abs", None), ("k3+", 0.5)]
+    "kl", KL_OPTIONS, ids=lambda kl: "no-kl" if kl is None else f"{kl[0]}-{kl[1]}"
 )
 def test_omega_equals_autograd_of_the_engine_formula(case, seed, spread, weighted, kl):
     kwargs, ref_fn = CASES[case]
@@ -459,6 +492,10 @@ def test_objective_config_names_every_mistake():
         ObjectiveConfig(name="gmpo", ratio_level="sequence")
     with pytest.raises(ValueError, match="dro_beta"):
         ObjectiveConfig(name="dro")
+    with pytest.raises(ValueError, match="vespo_padding_weight must be a finite number >= 0"):
+        ObjectiveConfig(name="vespo", vespo_padding_weight=-0.5)
+    with pytest.raises(ValueError, match=r"'ppo' does not read \['vespo_padding_weight'\]"):
+        ObjectiveConfig(vespo_padding_weight=0.0)
     with pytest.raises(ValueError, match="kl_estimator"):
         ObjectiveConfig(kl_estimator="k4")
     with pytest.raises(ValueError, match="dual_clip_all_signs needs dual_clip"):

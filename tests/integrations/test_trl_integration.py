@@ -24,6 +24,7 @@ from gmts.integrations.trl import (  # noqa: E402
     check_trl_args,
     gmts_args,
 )
+from gmts.integrations.trl_loss import TRLLossOptions  # noqa: E402
 
 
 def _length_reward(completions, **kwargs):
@@ -173,11 +174,23 @@ def test_paper_normalisation_divides_by_selected_count(model_dir):
             dict(
                 loss_type="vespo",
                 use_vllm=True,
+                vllm_importance_sampling_correction=True,
                 vllm_importance_sampling_mode="token_truncate",
                 vllm_importance_sampling_clip_min=1.5,
             ),
-            "excludes 1",
+            "excludes 1.*padding included.*gmts_vespo_trl_padding=True",
         ),
+        (
+            dict(
+                loss_type="vespo",
+                use_vllm=True,
+                vllm_importance_sampling_correction=True,
+                vllm_importance_sampling_mode="token_mask",
+                vllm_importance_sampling_clip_max=0.9,
+            ),
+            "excludes 1.*masked to 0",
+        ),
+        (dict(loss_type="dapo", gmts_vespo_trl_padding=True), "loss_type='vespo' only"),
         (dict(gmts_scope="group"), "gmts_scope"),
         (dict(gmts_normalize="per-group"), "per-group"),
         (dict(gradient_accumulation_steps=2, steps_per_generation=3), "steps_per_generation"),
@@ -206,6 +219,17 @@ def test_inexpressible_trl_options_raise_at_construction(overrides, needle):
         dict(entropy_coef=0.01),
         dict(use_adaptive_entropy=True),
         dict(beta=0.04, use_bias_correction_kl=True),
+        dict(use_vllm=True),  # TRL's defaults: correction on, mode sequence_mask
+        *[  # VESPO with a token IS range that excludes 1: TRL's loss reproduced on request
+            dict(
+                loss_type="vespo",
+                use_vllm=True,
+                vllm_importance_sampling_mode=mode,
+                vllm_importance_sampling_clip_min=1.5,
+                gmts_vespo_trl_padding=True,
+            )
+            for mode in ("token_truncate", "token_mask")
+        ],
         *[
             dict(use_vllm=True, vllm_importance_sampling_mode=mode)
             for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -216,6 +240,11 @@ def test_trl_options_are_accepted(overrides):
     """Every TRL 1.16 loss option that has an exact core objective (TRL's defaults with
     use_vllm among them: vllm_importance_sampling_correction=True, mode sequence_mask)."""
     args = GMTSGRPOConfig(**_common(**overrides))
+    if args.use_vllm:  # the case accepts TRL's IS correction, which TRL switches on by default
+        assert args.vllm_importance_sampling_correction is True
+        mode = overrides.get("vllm_importance_sampling_mode", "sequence_mask")
+        assert args.vllm_importance_sampling_mode == mode
+        assert TRLLossOptions.from_args(args).vllm_is_mode == mode  # the loss applies it
     assert check_trl_args(args) is None  # raises ValueError listing problems otherwise
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # trl_batches (not a p
 import trl_batches as tb  # noqa: E402
 
 import gmts  # noqa: E402
-from gmts.core import SelectionConfig  # noqa: E402
+from gmts.core import SelectionConfig, select_for_update  # noqa: E402
 from gmts.core.objectives import gradient_coefficient, loss_omega  # noqa: E402
 from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer  # noqa: E402
 from gmts.integrations.trl_loss import LOSS_TYPES, VLLM_IS_MODES  # noqa: E402
@@ -177,6 +179,29 @@ def test_loss_equals_trls_own_loss(trainer, batches, case, batch):
     assert float(theirs[1].abs().max()) > 0
 
 
+def _quoted_values(help_text: str, lead: str) -> tuple[str, ...]:
+    """The quoted names of the sentence that starts with ``lead`` in a TRL help text."""
+    sentence = help_text.split(lead, 1)[1].split(". ", 1)[0]
+    return tuple(re.findall(r"'(\w+)'", sentence))
+
+
+def test_the_loss_types_and_vllm_is_modes_are_trls():
+    """LOSS_TYPES and VLLM_IS_MODES (which parametrize this module) are exactly the values the
+    installed TRL's GRPOConfig documents, and its generation code names every mode."""
+    import inspect
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    fields = GRPOConfig.__dataclass_fields__
+    loss_help = fields["loss_type"].metadata["help"]
+    mode_help = fields["vllm_importance_sampling_mode"].metadata["help"]
+    assert set(_quoted_values(loss_help, "Supported values are")) == set(LOSS_TYPES)
+    assert set(_quoted_values(mode_help, "Supported options are")) == set(VLLM_IS_MODES)
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    for mode in VLLM_IS_MODES:
+        assert f'"{mode}"' in source, mode
+
+
 def test_the_cases_exercise_what_they_name(trainer, batches):
     """Guard against vacuous cases: on these batches the clips, delta, the off-policy mask and
     every IS mode's truncation / masking act on some tokens."""
@@ -233,7 +258,7 @@ OMEGA_CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode", ("stale", "token_mask", "sequence_truncate"))
+@pytest.mark.parametrize("mode", ("stale", *VLLM_IS_MODES))
 @pytest.mark.parametrize("case", OMEGA_CASES, ids=[_case_id(c) for c in OMEGA_CASES])
 def test_gmts_omega_is_the_gradient_of_trls_token_loss(trainer, batches, case, mode):
     """omega (the trainer's objective, advantages and importance weights through the core's
@@ -244,6 +269,10 @@ def test_gmts_omega_is_the_gradient_of_trls_token_loss(trainer, batches, case, m
     if not _applicable(case, mode):
         pytest.skip("TRL refuses VESPO with sequence-level vLLM IS at construction")
     inputs, clip = batches[mode]
+    _assert_omega_is_trls_gradient(trainer, inputs, mode, clip, case)
+
+
+def _assert_omega_is_trls_gradient(trainer, inputs, mode, clip, case):
     logprobs, entropy = tb.current_policy(inputs, seed=2)
     mask = inputs["completion_mask"].bool()
     with configured(trainer, mode, clip, **case):
@@ -254,9 +283,10 @@ def test_gmts_omega_is_the_gradient_of_trls_token_loss(trainer, batches, case, m
 
         theirs = loss_omega(trl_loss, logprobs, mask)  # (B, T)
         old = inputs.get("old_per_token_logps", logprobs)
-        policy = trainer._gmts_policy(trainer._gmts_options(), inputs, logprobs, old)
+        options = trainer._gmts_options()
+        policy = trainer._gmts_policy(options, inputs, logprobs, old)
         omega = gradient_coefficient(
-            trainer._gmts_loss_config().objective,
+            trainer._gmts_loss_config(options, policy.vespo_padding_weight).objective,
             logprobs,
             old,
             policy.advantages,
@@ -298,6 +328,139 @@ def test_gmts_omega_is_the_gradient_of_trls_token_loss(trainer, batches, case, m
             trainer.top_entropy_quantile = 1.0
     assert torch.equal(recorded[-1], top)
     _assert_same(ours, trl_masked, **tolerance)
+
+
+# ------------------------------------------------------------------------------------------
+# VESPO with a vLLM token IS range that excludes 1: TRL's sum over the padding, reproduced
+
+
+VESPO_PADDING = {  # name -> (mode, IS range): the padding's ratio 1.2, 0.9 and 0 (log 1e-8)
+    "truncate-above-1": ("token_truncate", (1.2, 3.0)),
+    "truncate-below-1": ("token_truncate", (0.2, 0.9)),
+    "mask-above-1": ("token_mask", (1.05, 2.5)),
+}
+VESPO_CASES = [
+    dict(loss_type="vespo"),
+    dict(loss_type="vespo", off_policy_mask_threshold=0.02),
+    dict(loss_type="vespo", importance_sampling_level="sequence"),
+]
+
+
+@pytest.fixture(scope="module")
+def padded_batches(trainer):
+    """name -> (TRL's generation batch with that IS mode and range, the range); the sampler
+    reseeded, so the batches do not depend on which fixtures ran before."""
+    out = {}
+    for name, (mode, clip) in VESPO_PADDING.items():
+        trainer.rollout_func.generator.manual_seed(100)
+        tb.set_vllm_is(trainer, mode, *clip)
+        out[name] = (tb.double(tb.generation_batch(trainer)), clip)
+    tb.set_vllm_is(trainer, None)
+    return out
+
+
+def test_vespo_padding_batches_discriminate(trainer, padded_batches):
+    """On these batches TRL's own get_gamma_weights, which counts the positions outside the
+    mask, changes the weight of rows with A != 0 against the same weights with those
+    positions' ratio set to 1 (what the core's vespo reads by default); and the GMTS selection
+    (policies of seeds 2 and 7, the omega and step-unit tests') changes with it."""
+    for name, (inputs, clip) in padded_batches.items():
+        mask = inputs["completion_mask"]
+        ratio = inputs["importance_sampling_ratio"]
+        assert bool((ratio[~mask.bool()] != 1).all()), name  # the padding's ratio is not 1
+        logprobs, _ = tb.current_policy(inputs, seed=1)
+        advantages = inputs["advantages"][:, None]
+        args = (advantages, logprobs - inputs["sampling_per_token_logps"], mask)
+        trl = trainer.get_gamma_weights(*args, ratio)
+        valid_only = trainer.get_gamma_weights(*args, torch.where(mask.bool(), ratio, 1.0))
+        differ = ~torch.isclose(trl, valid_only, rtol=1e-6, atol=0.0)
+        assert bool((differ & (advantages != 0)).any()), name
+
+        mode, _ = VESPO_PADDING[name]
+        selection = SelectionConfig(score="gmts", ratio=0.3)
+        with configured(trainer, mode, clip, loss_type="vespo", gmts_vespo_trl_padding=True):
+            options = trainer._gmts_options()
+            for seed in (2, 7):
+                logprobs, entropy = tb.current_policy(inputs, seed=seed)
+                old = inputs.get("old_per_token_logps", logprobs)
+                policy = trainer._gmts_policy(options, inputs, logprobs, old)
+                selected = [
+                    select_for_update(
+                        selection,
+                        trainer._gmts_loss_config(options, padding).objective,
+                        logprobs=logprobs,
+                        old_logprobs=old,
+                        advantages=policy.advantages,
+                        response_mask=mask.bool(),
+                        entropy=entropy.float(),
+                        ref_logprobs=inputs["ref_per_token_logps"],
+                        importance_weights=policy.importance_weights,
+                    ).selected
+                    for padding in (policy.vespo_padding_weight, None)
+                ]
+                assert not torch.equal(*selected), (name, seed)
+
+
+@pytest.mark.parametrize("name", sorted(VESPO_PADDING))
+@pytest.mark.parametrize("case", VESPO_CASES, ids=[_case_id(c) for c in VESPO_CASES])
+def test_vespo_trl_padding_equals_trls_own_loss(trainer, padded_batches, case, name):
+    """gmts_vespo_trl_padding, gmts_score='none': the loss and its gradients equal TRL's
+    _compute_loss; without the padding's ratio the same batch gives other gradients (the
+    core's vespo then reads the valid tokens only)."""
+    mode, _ = VESPO_PADDING[name]
+    inputs, clip = padded_batches[name]
+    logprobs, entropy = tb.current_policy(inputs, seed=1)
+    with configured(trainer, mode, clip, **case, gmts_vespo_trl_padding=True):
+        theirs = tb.loss_and_grads(tb.trl_compute_loss, trainer, inputs, logprobs, entropy)
+        ours = tb.loss_and_grads(tb.gmts_compute_loss, trainer, inputs, logprobs, entropy)
+        policy_of = trainer._gmts_policy
+        trainer._gmts_policy = lambda *a, **k: replace(
+            policy_of(*a, **k), vespo_padding_weight=None
+        )
+        try:
+            valid_only = tb.loss_and_grads(tb.gmts_compute_loss, trainer, inputs, logprobs, entropy)
+        finally:
+            del trainer._gmts_policy
+    _assert_same(ours, theirs)
+    assert float(theirs[1].abs().max()) > 0
+    assert not torch.allclose(valid_only[1], theirs[1], rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("name", sorted(VESPO_PADDING))
+@pytest.mark.parametrize("case", VESPO_CASES[:2], ids=[_case_id(c) for c in VESPO_CASES[:2]])
+def test_vespo_trl_padding_omega_is_the_gradient_of_trls_token_loss(
+    trainer, padded_batches, case, name
+):
+    """omega with TRL's padding counted is the coefficient of the gradient TRL's own loss has,
+    and the GMTS selection is the top k by it (as test_gmts_omega_is_the_gradient_...)."""
+    mode, _ = VESPO_PADDING[name]
+    inputs, clip = padded_batches[name]
+    _assert_omega_is_trls_gradient(
+        trainer, inputs, mode, clip, {**case, "gmts_vespo_trl_padding": True}
+    )
+
+
+@pytest.mark.parametrize("name", sorted(VESPO_PADDING))
+@pytest.mark.parametrize("normalize", ["selected", "all"])
+def test_vespo_trl_padding_step_unit_equals_one_micro_batch(
+    trainer, padded_batches, normalize, name
+):
+    """The selection over accumulated micro-batches of one row each counts the padding's
+    ratio of every row, also when the micro-batch that selects for the window (the first,
+    TRL's full-length row 0) has no padding of its own."""
+    mode, _ = VESPO_PADDING[name]
+    inputs, clip = padded_batches[name]
+    mask = inputs["completion_mask"]
+    assert bool(mask[0].all()) and not bool(mask.all())
+    _assert_step_unit_equals_one_micro_batch(
+        trainer,
+        inputs,
+        mode,
+        clip,
+        dict(loss_type="vespo", gmts_vespo_trl_padding=True),
+        normalize,
+        split=mask.shape[0],
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -568,11 +731,17 @@ def test_step_unit_with_trl_weights_equals_one_micro_batch(
     pass recomputes TRL's off-policy mask and reads its IS ratio per micro-batch, gives the
     loss and gradients of one micro-batch holding both."""
     inputs, clip = batches[batch]
+    _assert_step_unit_equals_one_micro_batch(trainer, inputs, batch, clip, case, normalize)
+
+
+def _assert_step_unit_equals_one_micro_batch(
+    trainer, inputs, batch, clip, case, normalize, split=2
+):
     logprobs, entropy = tb.current_policy(inputs, seed=7)
     selection = SelectionConfig(score="gmts", ratio=0.3, normalize=normalize, kl_tokens="all")
     results = []
-    for parts in (1, 2):
-        micro = [inputs] if parts == 1 else tb.split_rows(inputs, 2)
+    for parts in (1, split):
+        micro = [inputs] if parts == 1 else tb.split_rows(inputs, parts)
         lp = logprobs.detach().clone().requires_grad_(True)
         with configured(trainer, batch, clip, **case, gmts_selection=selection):
             trainer.args.steps_per_generation = parts

@@ -37,7 +37,7 @@ GMTS selection replaces it), and the few option values no core objective express
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -138,6 +138,16 @@ class GMTSGRPOConfig(GRPOConfig):
     gmts_seed: int | None = field(
         default=None,
         metadata={"help": _core_help("seed") + " None: use the trainer's `seed`."},
+    )
+    gmts_vespo_trl_padding: bool = field(
+        default=False,
+        metadata={
+            "help": "loss_type='vespo' with a vLLM token IS range [C_min, C_max] that excludes "
+            "1: reproduce TRL 1.16's loss exactly. TRL's VESPO weight then sums the log IS "
+            "ratio over every position of the micro-batch, padding included, where its ratio "
+            "is 1 clipped to the range (truncate) or 0 (mask: log 1e-8 each), so a row's "
+            "weight depends on its padding. False: such a range is refused."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -248,10 +258,16 @@ class GMTSGRPOTrainer(GRPOTrainer):
         """The loss options TRL's own ``_compute_loss`` would read now (its attributes)."""
         return TRLLossOptions.from_trainer(self)
 
-    def _gmts_loss_config(self, options: TRLLossOptions | None = None) -> LossConfig:
-        """TRL's objective (clip, KL, loss-type aggregation) with the gmts_* normalisation."""
+    def _gmts_loss_config(
+        self, options: TRLLossOptions | None = None, vespo_padding_weight: float | None = None
+    ) -> LossConfig:
+        """TRL's objective (clip, KL, loss-type aggregation) with the gmts_* normalisation;
+        ``vespo_padding_weight``: :attr:`PolicyFactors.vespo_padding_weight` (None: none)."""
         options = self._gmts_options() if options is None else options
-        return LossConfig.of(_objective_of(options), self.gmts_selection)
+        objective = _objective_of(options)
+        if vespo_padding_weight is not None:
+            objective = replace(objective, vespo_padding_weight=vespo_padding_weight)
+        return LossConfig.of(objective, self.gmts_selection)
 
     def _gmts_reduce(self, values: torch.Tensor) -> torch.Tensor:
         """Sum over accelerate's processes (TRL's own collective)."""
@@ -357,7 +373,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
         per_generation = self.args.steps_per_generation
         slots = [(start + i) % per_generation for i in range(accumulation)]
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("lp", "ent", "old", "adv", "mask")}
-        refs, weights = [], []
+        refs, weights, paddings = [], [], set()
         for slot in slots:
             batch = self._buffered_inputs[slot]
             logprobs, entropy, _ = self._gmts_forward(model, batch)
@@ -372,10 +388,17 @@ class GMTSGRPOTrainer(GRPOTrainer):
             parts["mask"].append(self._gmts_mask(batch))
             refs.append(ref_logprobs)
             weights.append(policy.importance_weights)
+            if policy.vespo_padding_weight is not None:
+                paddings.add(policy.vespo_padding_weight)
         cat = {k: torch.cat(v, dim=0) for k, v in parts.items()}  # (accumulation * B, T)
+        objective = loss_config.objective
+        if paddings:  # one generation's micro-batches: TRL gives their padding one ratio
+            if len(paddings) > 1:
+                raise RuntimeError(f"TRL's IS ratio outside the mask differs: {paddings}")
+            objective = replace(objective, vespo_padding_weight=paddings.pop())
         result = select_for_update(
             self.gmts_selection,
-            loss_config.objective,
+            objective,
             logprobs=cat["lp"],
             old_logprobs=cat["old"],
             advantages=cat["adv"],
@@ -468,8 +491,8 @@ class GMTSGRPOTrainer(GRPOTrainer):
         old_logprobs, ref_logprobs = self._gmts_score_inputs(inputs, logprobs)
         mode = "train" if self.model.training else "eval"
         options = self._gmts_options()
-        loss_config = self._gmts_loss_config(options)
         policy = self._gmts_policy(options, inputs, logprobs, old_logprobs)
+        loss_config = self._gmts_loss_config(options, policy.vespo_padding_weight)
         selection = self._gmts_select(
             model,
             inputs,

@@ -9,6 +9,7 @@ The one place that maps what ``GRPOTrainer._compute_loss`` reads to the core:
     loss_type cispo                              cispo: clip_low = 1, clip_high = epsilon_high - 1
     loss_type sapo                               sapo: sapo_tau_pos/neg = sapo_temperature_pos/neg
     loss_type vespo                              vespo: vespo_k_pos/neg, vespo_lambda_pos/neg
+    gmts_vespo_trl_padding (vespo, token IS)     vespo_padding_weight (:func:`policy_factors`)
     importance_sampling_level token/sequence     ratio_level token/sequence (sequence = GSPO)
     beta, use_bias_correction_kl                 kl_coef (k3), kl_ratio_correction
     loss_type -> numerator                       aggregation (:data:`LOSS_TYPES`)
@@ -40,6 +41,7 @@ __all__ = [
     "TRLLossType",
     "policy_factors",
     "trl_divisor",
+    "vespo_padding_ratio",
 ]
 
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -99,6 +101,8 @@ class TRLLossOptions:
     Attributes:
         vllm_is_mode: the vLLM importance-sampling mode when TRL multiplies the loss by its
             ratio (``use_vllm`` and ``vllm_importance_sampling_correction``), else None.
+        vespo_trl_padding: ``gmts_vespo_trl_padding``: reproduce TRL's VESPO weight with a
+            token IS range that excludes 1 (:func:`vespo_padding_ratio`).
     """
 
     loss_type: str
@@ -118,6 +122,7 @@ class TRLLossOptions:
     vllm_is_mode: str | None = None
     vllm_is_clip_min: float | None = None
     vllm_is_clip_max: float | None = None
+    vespo_trl_padding: bool = False
 
     @classmethod
     def from_args(cls, args: Any) -> TRLLossOptions:
@@ -162,6 +167,7 @@ class TRLLossOptions:
             vllm_is_mode=owner.vllm_importance_sampling_mode if corrected else None,
             vllm_is_clip_min=owner.vllm_importance_sampling_clip_min,
             vllm_is_clip_max=owner.vllm_importance_sampling_clip_max,
+            vespo_trl_padding=bool(getattr(args, "gmts_vespo_trl_padding", False)),
         )
 
     # ------------------------------------------------------------------------------------
@@ -177,16 +183,28 @@ class TRLLossOptions:
                 "and 'sequence'"
             )
         objective = _loss_type(self.loss_type).objective
-        if objective == "vespo" and self.vllm_is_mode in ("token_truncate", "token_mask"):
+        if self.vespo_trl_padding and objective != "vespo":
+            problems.append(
+                f"gmts_vespo_trl_padding=True applies to loss_type='vespo' only, not "
+                f"{self.loss_type!r}"
+            )
+        if (
+            objective == "vespo"
+            and self.vllm_is_mode in ("token_truncate", "token_mask")
+            and not self.vespo_trl_padding
+        ):
             low = -math.inf if self.vllm_is_clip_min is None else self.vllm_is_clip_min
             high = math.inf if self.vllm_is_clip_max is None else self.vllm_is_clip_max
             if not low <= 1.0 <= high:
+                what = "clipped to it" if self.vllm_is_mode == "token_truncate" else "masked to 0"
                 problems.append(
                     "loss_type='vespo' with a vLLM importance-sampling range "
-                    f"[{self.vllm_is_clip_min}, {self.vllm_is_clip_max}] that excludes 1: TRL's "
-                    "get_gamma_weights sums log(ratio) over every position, padding included, "
-                    "where TRL's ratio is then clipped or masked away from 1; the core's vespo "
-                    "counts the valid tokens only"
+                    f"[{self.vllm_is_clip_min}, {self.vllm_is_clip_max}] that excludes 1: TRL "
+                    "1.16's get_gamma_weights sums log(ratio) over every position of the "
+                    "micro-batch, padding included, where TRL's ratio is exp(0) = 1 "
+                    f"{what}, so each row's VESPO weight depends on how much padding its "
+                    "micro-batch gives it. Set gmts_vespo_trl_padding=True to reproduce "
+                    "TRL's loss exactly, or use a range that contains 1"
                 )
         if self.off_policy_mask_threshold is not None and not math.isfinite(
             float(self.off_policy_mask_threshold)
@@ -297,10 +315,40 @@ class PolicyFactors:
     Attributes:
         advantages: the advantages the objective reads, ``(B,)`` or ``(B, T)``.
         importance_weights: ``(B, 1)`` or ``(B, T)`` detached weights >= 0, or None.
+        vespo_padding_weight: VESPO with ``gmts_vespo_trl_padding``: TRL's IS ratio at the
+            micro-batch's positions outside the mask (the core's ``vespo_padding_weight``);
+            None otherwise, or when every position is valid.
     """
 
     advantages: torch.Tensor
     importance_weights: torch.Tensor | None
+    vespo_padding_weight: float | None = None
+
+
+def vespo_padding_ratio(ratio: torch.Tensor, mask: torch.Tensor) -> float | None:
+    """TRL 1.16's token IS ratio at the positions outside ``mask`` (padding, tool tokens).
+
+    TRL builds the ratio from ``(old - sampling) * mask``: 0 outside the mask, so exp(0) = 1
+    there, which its truncate modes then clip to ``[C_min, C_max]`` and its mask modes set to
+    0 outside that range, in the ratio's own dtype. Its VESPO weight (``get_gamma_weights``)
+    adds ``clamp(log ratio, log 1e-8, 20)`` over every position; each position outside the
+    mask thus adds the log of this one value. Read from the tensor itself (so its dtype's
+    rounding of C is TRL's); None when every position is valid.
+
+    Args:
+        ratio: ``(B, T)`` TRL's ``importance_sampling_ratio`` (a token mode).
+        mask: ``(B, T)`` bool, TRL's ``completion_mask * tool_mask``.
+    """
+    outside = ratio.detach()[~mask]
+    if outside.numel() == 0:
+        return None
+    value = outside[0]
+    if not bool((outside == value).all()):
+        raise ValueError(
+            "TRL's importance_sampling_ratio differs between positions outside the mask; "
+            "TRL 1.16 gives them all the same value (exp(0) clipped or masked)"
+        )
+    return float(value)
 
 
 def _first_valid(mask: torch.Tensor) -> torch.Tensor:
@@ -327,7 +375,8 @@ def policy_factors(
     VESPO is different, as in TRL: the IS ratio enters its gamma weight phi (the core's vespo
     sums the logs of per-token weights over the valid tokens, so a ``(B, 1)`` sequence ratio is
     put on the first valid token of its row, exactly its log once), and TRL does not multiply
-    the loss by it. The off-policy mask, which VESPO still multiplies, is 0 only for rows
+    the loss by it. TRL also sums the token ratio's log over the positions outside the mask;
+    with ``options.vespo_trl_padding`` their ratio is returned as ``vespo_padding_weight``. The off-policy mask, which VESPO still multiplies, is 0 only for rows
     with A < 0 (TRL keeps A >= 0); VESPO's term is proportional to A, so zeroing those rows'
     advantages is exactly the product.
 
@@ -338,15 +387,18 @@ def policy_factors(
     """
     weights = None
     if options.loss_type == "vespo":
+        padding = None
         if importance_sampling_ratio is not None:
             ratio = importance_sampling_ratio.detach()
             if ratio.dim() == 2 and ratio.shape[1] == 1 and mask.shape[1] != 1:
                 ratio = torch.where(_first_valid(mask), ratio, torch.ones_like(ratio))
+            elif options.vespo_trl_padding:
+                padding = vespo_padding_ratio(ratio, mask)
             weights = ratio
         if off_policy_mask is not None:
             adv = advantages[:, None] if advantages.dim() == 1 else advantages
             advantages = adv * off_policy_mask.to(adv.dtype)
-        return PolicyFactors(advantages, weights)
+        return PolicyFactors(advantages, weights, padding)
     if options.vllm_is_mode is not None:
         if importance_sampling_ratio is None:
             raise ValueError(

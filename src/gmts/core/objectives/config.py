@@ -136,6 +136,16 @@ class ObjectiveConfig:
     vespo_lambda_neg: float = field(
         default=2.0, metadata=_help("vespo: lambda for A < 0 (TRL: 2.0).")
     )
+    vespo_padding_weight: float = field(
+        default=1.0,
+        metadata=_help(
+            "vespo: the importance weight that each position outside the mask, up to the "
+            "batch's width T, multiplies into its row's w_i (1: none, w_i reads the valid "
+            "tokens only). Reproduces TRL 1.16, whose VESPO weight sums the vLLM IS log-ratio "
+            "over every position, padding included (the TRL integration's "
+            "gmts_vespo_trl_padding; docs/integrations.md)."
+        ),
+    )
     kl_coef: float = field(
         default=0.0,
         metadata=_help("beta: weight of the KL penalty to the reference policy (0 disables)."),
@@ -255,6 +265,11 @@ class ObjectiveConfig:
         for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
             if not _finite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if not (_finite(self.vespo_padding_weight) and self.vespo_padding_weight >= 0):
+            raise ValueError(
+                f"vespo_padding_weight must be a finite number >= 0, "
+                f"got {self.vespo_padding_weight!r}"
+            )
         if not (_finite(self.kl_coef) and self.kl_coef >= 0):
             raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
 

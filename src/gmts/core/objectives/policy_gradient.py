@@ -189,10 +189,16 @@ register_objective(
 _LOG_MIN = math.log(1e-8)  # TRL's lower clamp of the log weights
 
 
+def _clamped_log(weight: float) -> float:
+    """``clamp(log weight, log 1e-8, 20)`` of one weight >= 0 (log 0 = -inf clamps to log 1e-8)."""
+    return min(max(math.log(weight), _LOG_MIN), 20.0) if weight > 0 else _LOG_MIN
+
+
 def _vespo_phi(inputs: ObjectiveInputs, config: ObjectiveConfig) -> torch.Tensor:
     """``(B, T)`` phi(w_seq) = exp(lambda + k log w - lambda w), detached; k and lambda by the
     sign of A (A >= 0: the positive pair). w_seq = prod_t r_t (times the importance weights),
-    each log clamped as TRL clamps it."""
+    each log clamped as TRL clamps it; with ``vespo_padding_weight`` != 1, times that weight
+    once per position outside the mask (TRL 1.16's sum over every position)."""
     with torch.no_grad():
         mask = inputs.mask
         zero = torch.zeros_like(inputs.logprobs)
@@ -201,6 +207,9 @@ def _vespo_phi(inputs: ObjectiveInputs, config: ObjectiveConfig) -> torch.Tensor
         if inputs.importance_weights is not None:
             log_w = torch.log(inputs.importance_weights).clamp(_LOG_MIN, 20.0)
             seq = seq + torch.where(mask, log_w, zero).sum(-1)
+        if config.vespo_padding_weight != 1.0:
+            outside = (~mask).sum(-1).to(seq.dtype)  # (B,) positions outside the mask
+            seq = seq + outside * _clamped_log(config.vespo_padding_weight)
         log_w_seq = seq.clamp(_LOG_MIN, 20.0)[:, None]  # (B, 1)
         nonneg = inputs.advantages >= 0  # (B, T)
         k = torch.where(nonneg, config.vespo_k_pos, config.vespo_k_neg)
@@ -223,7 +232,15 @@ register_objective(
         "vespo",
         _vespo_surrogate,
         _vespo_omega,
-        params=frozenset({"vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"}),
+        params=frozenset(
+            {
+                "vespo_k_pos",
+                "vespo_lambda_pos",
+                "vespo_k_neg",
+                "vespo_lambda_neg",
+                "vespo_padding_weight",
+            }
+        ),
         # its own weight reads the token ratios; ratio_level is the KL correction's ratio
         ratio_levels=("token", "sequence"),
         formula=(
