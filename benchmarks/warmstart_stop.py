@@ -20,8 +20,9 @@ loads (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``)::
 writes ``DIR/trace-<path>-seed<S>-t<threads>.json`` (resumable: a trace present is reused) and
 ``DIR/warmstart_stop.json`` (the rules replayed on every trace), and prints a table.
 ``--quick`` (seed 0, 5 steps, every one traced) runs in CI (tests/benchmarks/test_bench_smoke.py)
-on both paths and only checks that the tracing path works. A trace costs a few minutes (136-910 s each for seeds 0-2 on 2 cores at load average 7-10: seed 0's
-rise comes after a long plateau traced step by step); docs/training.md has the results.
+on both paths and only checks that the tracing path works. A trace costs a few minutes
+(136-910 s each for seeds 0-2 on 2 cores at load average 7-10: seed 0's rise comes after a long
+plateau traced step by step); docs/training.md has the results.
 """
 
 from __future__ import annotations
