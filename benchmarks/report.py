@@ -155,6 +155,40 @@ def render_goals(record: dict[str, Any]) -> str:
     return "\n\n" + _table(["goal", "target", "measured", "status"], rows)
 
 
+def render_profile_logprobs(record: dict[str, Any]) -> str:
+    """benchmarks/profile_logprobs.py: one profiled fwd + bwd per N and variant."""
+    rows = [
+        [
+            str(r["n"]),
+            r["variant"],
+            _fmt_s(r["step_wall_s"]),
+            _fmt_s(r["profiled_s"]),
+            f"{_fmt_s(r['matmul_s'])} ({100 * r['matmul_share']:.1f}%)",
+            _fmt_s(r["other_s"]),
+            f"{r['vocab_matmuls']:.2f}",
+            _fmt_s(r["matmul_s"] / r["vocab_matmuls"]),
+        ]
+        for r in record["rows"]
+    ]
+    header = [
+        "N",
+        "variant",
+        "profiled step, wall",
+        "operators' self time, sum",
+        "matmuls (share)",
+        "other operators",
+        "matmul flops, in (N, H) x (H, V) matmuls",
+        "matmul time per (N, H) x (H, V)",
+    ]
+    head = (
+        f"V = {record['v']}, H = {record['h']}, float32, torch kernels "
+        f"{record.get('cpu_capability', '?')}; one untimed step, then one profiled step per "
+        "N and variant (torch.profiler, self CPU time per operator; matmuls: aten::mm, addmm, "
+        "addmm_).\n\n"
+    )
+    return head + _table(header, rows)
+
+
 def render_overhead(record: dict[str, Any]) -> str:
     s = record["settings"]
     rows = []
@@ -475,6 +509,7 @@ def render_demo(record: dict[str, Any]) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "selection": render_selection,
     "logprobs": render_logprobs,
+    "profile_logprobs": render_profile_logprobs,
     "overhead": render_overhead,
     "throughput": render_throughput,
     "learning": render_learning,

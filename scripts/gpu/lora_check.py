@@ -4,7 +4,9 @@ Qwen2.5-1.5B-shaped model, peak memory measured against the memory plan.
     python scripts/gpu/lora_check.py --out /tmp/lora_check.json          # one CUDA GPU
     python scripts/gpu/lora_check.py --dry-run --out /tmp/lora_check.json  # CPU, tiny shapes
 
-NOT RUN YET: no GPU was available when it was written (the CPU dry run is what has run).
+Not run on a GPU yet: none was available. The CPU dry run (``--dry-run``: the same two runs
+with benchmarks/gpu_model.py's tiny shape on the CPU, no CUDA peak memory) runs in CI
+(tests/benchmarks/test_gpu_scripts.py), so its imports, overrides and plan cannot rot unseen.
 
 1. ``pytest tests/train/test_lora.py -m ""``: with CUDA visible the trainer's ``model.device``
    is ``auto``, so the tests run on the GPU (bf16 autocast over float32 adapters, the adapters-
@@ -69,12 +71,15 @@ def _run(name: str, overrides: tuple[str, ...], model_dir: Path, dry_run: bool) 
 
     collect = trainer.collect
     trainer.collect = lambda step: measured("rollout", collect, step)  # type: ignore[method-assign]
+    step_s = []
     for step in range(2):
         metrics = measured("update", trainer.train_step, step)
+        step_s.append(metrics["time/step_s"])
         print(f"{name} step {step + 1}: {metrics['time/step_s']:.1f} s", flush=True)
+    trainer.close()
     plan = trainer.memory_plan
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    result = {"trainable_parameters_local": trainable, "peak_bytes": peaks}
+    result = {"trainable_parameters_local": trainable, "step_s": step_s, "peak_bytes": peaks}
     if plan is not None:
         print(plan.table())
         planned = {
@@ -98,13 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
+    from gpu_model import TINY as TINY_SHAPE
     from gpu_model import build
-    from gpu_train import TINY_SHAPE
 
     if not args.dry_run and not torch.cuda.is_available():
         print("lora_check: no CUDA device (use --dry-run for the CPU path)", file=sys.stderr)
         return 2
-    out: dict = {"device": torch.cuda.get_device_name(0) if not args.dry_run else "cpu"}
+    out: dict = {
+        "device": torch.cuda.get_device_name(0) if not args.dry_run else "cpu",
+        "dry_run": args.dry_run,
+    }
     if not args.skip_tests:
         tests = subprocess.run(
             [sys.executable, "-m", "pytest", "tests/train/test_lora.py", "-m", "", "-q"],

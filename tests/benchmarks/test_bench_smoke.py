@@ -365,3 +365,36 @@ def test_warmstart_stop_replays_the_warm_starts_own_rule() -> None:
     assert ws.replay(replace(before, check_questions=200), trace) is None  # not traced
     summary = ws.summarize({"t": {"trace": trace}}, (before,))
     assert summary["rules"][0]["max_overshoot"] == pytest.approx(0.25)
+
+
+@pytest.mark.slow  # two worker processes (default and AVX2 paths), 5 steps each: 25-45 s
+def test_warmstart_stop_quick_traces_the_real_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """benchmarks/warmstart_stop.py --quick end to end: a worker process per floating-point
+    path traces the real warm-start loop, the driver replays every rule on the traces."""
+    ws = _load("gmts_bench_warmstart_stop_quick", "warmstart_stop.py")
+    assert ws.main(["--quick", "--out", str(tmp_path)]) == 0
+    names = {"default": "trace-default-seed0-t1.json", "avx2": "trace-avx2-seed0-t1.json"}
+    for path, filename in names.items():
+        record = json.loads((tmp_path / filename).read_text())
+        assert (record["seed"], record["threads"], record["check_questions"]) == (0, 1, 400)
+        assert record["env"] == ws.PATHS[path]  # the worker ran with the path's environment
+        trace = record["trace"]
+        assert [row["step"] for row in trace] == [1, 2, 3, 4, 5]  # dense from the first step
+        for row in trace:
+            assert {"check@100", "check@400", "held_out"} <= set(row)
+            assert all(0.0 <= row[k] <= 1.0 for k in ("check@100", "check@400", "held_out"))
+    avx2 = json.loads((tmp_path / names["avx2"]).read_text())
+    assert avx2["cpu_capability"] in ("AVX2", "DEFAULT")  # never AVX512 on the AVX2 path
+    summary = json.loads((tmp_path / "warmstart_stop.json").read_text())
+    assert set(summary["traces"]) == {"default seed 0 threads 1", "avx2 seed 0 threads 1"}
+    assert [r["rule"] for r in summary["rules"]] == [ws.rule_name(c) for c in ws.rules()]
+    for rule in summary["rules"]:  # 5 steps from a random model reach no target
+        assert set(rule["stops"]) == set(summary["traces"]) and rule["max_overshoot"] is None
+    assert "not reached / not traced" in capsys.readouterr().out
+    # resumable: a second run reuses the traces present and spawns no worker
+    stamps = {f: (tmp_path / f).stat().st_mtime_ns for f in names.values()}
+    assert ws.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert {f: (tmp_path / f).stat().st_mtime_ns for f in names.values()} == stamps
+    assert ": ok" not in capsys.readouterr().out

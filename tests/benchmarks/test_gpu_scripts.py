@@ -1,6 +1,7 @@
 """The prepared GPU scripts cannot rot unseen: benchmarks/gpu.sh (docs/results.md section 6,
 the plan's GPU check in docs/training.md) and scripts/gpu/verl_e2e.sh (docs/integrations.md)
-parse, and their ``--dry-run`` runs every entry point, flag and config they use on the CPU.
+parse, and their ``--dry-run`` runs every entry point, flag and config they use on the CPU;
+so does scripts/gpu/lora_check.py's (docs/training.md, LoRA on one GPU).
 
 What no CPU test can check is CUDA itself (devices, timings, torch.cuda peak memory) and vLLM.
 """
@@ -119,3 +120,43 @@ def test_verl_e2e_dry_run(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert bad.returncode != 0 and "no_such_key" in bad.stdout + bad.stderr
+
+
+def _lora_parameters(shape: dict[str, int], rank: int) -> int:
+    """Adapter parameters of rank ``rank`` on every linear layer of a Qwen2 block stack."""
+    hidden, mlp = shape["hidden_size"], shape["intermediate_size"]
+    kv = hidden // shape["num_attention_heads"] * shape["num_key_value_heads"]
+    shapes = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden)]  # q, k, v, o
+    shapes += [(hidden, mlp), (hidden, mlp), (mlp, hidden)]  # gate, up, down
+    return shape["num_hidden_layers"] * sum(rank * (a + b) for a, b in shapes)
+
+
+def test_lora_check_dry_run(tmp_path: Path) -> None:
+    # scripts/gpu/lora_check.py --dry-run: full fine-tuning, then rank-64 LoRA, 2 steps each
+    # on the CPU with gpu_model's tiny shape (~10 s on 2 idle cores)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_model
+
+    out = tmp_path / "lora_check.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu" / "lora_check.py"), "--dry-run"]
+        + ["--skip-tests", "--out", str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    record = json.loads(out.read_text())
+    assert record["device"] == "cpu" and record["dry_run"] is True
+    assert "tests_rc" not in record  # --skip-tests
+    full, lora = record["full"], record["lora-r64"]
+    for run in (full, lora):
+        assert len(run["step_s"]) == 2 and all(t > 0 for t in run["step_s"])
+        assert run["peak_bytes"] == {}  # CUDA's peak memory is not measured on the CPU
+        assert run["plan_bytes"]["rollout"] > 0 and run["plan_bytes"]["update"] > 0
+    # the LoRA run trains rank-64 adapters on every linear layer and nothing else
+    assert lora["trainable_parameters_local"] == _lora_parameters(gpu_model.TINY, 64)
+    assert lora["trainable_parameters_local"] < full["trainable_parameters_local"]
+    assert lora["plan_bytes"]["update"] < full["plan_bytes"]["update"]
