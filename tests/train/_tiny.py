@@ -27,8 +27,9 @@ def partial_credit(completion: str, answer: str) -> float:
     return sum(a == b for a, b in zip(completion, answer)) / max(len(answer), 1)
 
 
-def small_config(model_dir: Path, run_dir: Path, *overrides: str):
-    base = [
+def small_overrides(model_dir: Path, run_dir: Path) -> list[str]:
+    """The trainer tests' small run, as ``section.field=value`` items (``gmts train``'s)."""
+    return [
         f"model.path={model_dir}",
         f"logging.output_dir={run_dir}",
         "logging.progress=false",
@@ -40,7 +41,10 @@ def small_config(model_dir: Path, run_dir: Path, *overrides: str):
         "optim.micro_batch_size=8",
         "checkpoint.save_final=false",
     ]
-    return load_config(None, [*base, *overrides])
+
+
+def small_config(model_dir: Path, run_dir: Path, *overrides: str):
+    return load_config(None, [*small_overrides(model_dir, run_dir), *overrides])
 
 
 def rollout_batch(model: Any, tokenizer: Any, *, problem_seed: int, sample_seed: int) -> Any:

@@ -21,6 +21,17 @@ _tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_tiny)
 
 
+TINY_DEMO = (  # the demo tests' recipe changes: 2 steps of a tiny batch, evaluated every step
+    "optim.steps=2",
+    "data.eval_every=1",
+    "rollout.questions_per_batch=2",
+    "rollout.group_size=2",
+    "optim.micro_batch_size=4",
+    "data.eval_questions=4",
+    "data.eval_samples=2",
+)
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     torch.set_num_threads(1)
@@ -350,15 +361,7 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(
         warmstart, "warm_start", lambda *a, **k: seeds_warmed.append(k["seed"]) or warm
     )
-    tiny = (
-        "optim.steps=2",
-        "data.eval_every=1",
-        "rollout.questions_per_batch=2",
-        "rollout.group_size=2",
-        "optim.micro_batch_size=4",
-        "data.eval_questions=4",
-        "data.eval_samples=2",
-    )
+    tiny = TINY_DEMO
     # one process: the monkeypatched warm start is this process's (test_demo_jobs: several)
     settings = DemoSettings(overrides=tiny, output_dir=str(tmp_path / "demo"), seeds=2, jobs=1)
     result = run_demo(settings, progress=False)
@@ -431,16 +434,7 @@ def test_demo_jobs_do_not_change_the_table(tiny_dir, tmp_path):
     """Two processes (spawned workers) give exactly the runs that one process gives."""
     from gmts.cli.demo import DemoSettings, compare, run_demo
 
-    tiny = (
-        f"model.path={tiny_dir}",
-        "optim.steps=2",
-        "data.eval_every=1",
-        "rollout.questions_per_batch=2",
-        "rollout.group_size=2",
-        "optim.micro_batch_size=4",
-        "data.eval_questions=4",
-        "data.eval_samples=2",
-    )
+    tiny = (f"model.path={tiny_dir}", *TINY_DEMO)
     results = [
         run_demo(
             DemoSettings(overrides=tiny, output_dir=str(tmp_path / f"jobs{j}"), seeds=2, jobs=j),

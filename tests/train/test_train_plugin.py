@@ -48,16 +48,7 @@ def plugin_dir(tmp_path, monkeypatch):
 def _args(tmp_path: Path) -> list[str]:
     model_dir = _tiny.save_tiny_model(tmp_path / "model")
     return [
-        f"model.path={model_dir}",
-        f"logging.output_dir={tmp_path / 'run'}",
-        "logging.progress=false",
-        "data.eval_questions=0",
-        "rollout.questions_per_batch=4",
-        "rollout.group_size=4",
-        "optim.steps=2",
-        "optim.lr=1e-3",
-        "optim.micro_batch_size=8",
-        "checkpoint.save_final=false",
+        *_tiny.small_overrides(model_dir, tmp_path / "run"),
         "selection.ratio=0.3",
         "objective.name=tanh-ratio",
         "objective.clip_low=0.2",  # shared fields keep their meaning; the plugin reads none
