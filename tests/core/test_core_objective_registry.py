@@ -238,7 +238,7 @@ def _reference_grad(ref_fn, lp, old, a, mask, w, kl):
     return torch.where(mask, grad, 0.0), l_ref.detach()
 
 
-def _close(a, b, scale=1.0):
+def _assert_close(a, b, scale=1.0):
     err = (a - b).abs().max().item()
     assert err <= 1e-12 * max(scale, 1.0), f"max abs err {err}"
 
@@ -274,7 +274,7 @@ def test_omega_equals_autograd_of_the_engine_formula(case, seed, spread, weighte
             method=method,
         )
         assert not omega.requires_grad
-        _close(omega, expected, expected.abs().max().item())
+        _assert_close(omega, expected, expected.abs().max().item())
     # the core's own per-token objective has the reference's values at every valid token
     inputs = ObjectiveInputs.of(
         lp,
@@ -286,7 +286,9 @@ def test_omega_equals_autograd_of_the_engine_formula(case, seed, spread, weighte
     )
     parts = gmts.objective_terms(config, inputs)
     value = parts.surrogate - config.kl_coef * parts.kl
-    _close(torch.where(mask, value, 0.0), torch.where(mask, l_ref, 0.0), l_ref.abs().max().item())
+    _assert_close(
+        torch.where(mask, value, 0.0), torch.where(mask, l_ref, 0.0), l_ref.abs().max().item()
+    )
 
 
 def test_ratio_correction_of_the_kl_at_every_level():
@@ -307,7 +309,7 @@ def test_ratio_correction_of_the_kl_at_every_level():
         objective = torch.min(coef * a, coef_2 * a) - 0.2 * kl
         (expected,) = torch.autograd.grad((objective * mask).sum(), lp_var)
         omega = gradient_coefficient(config, lp, old, adv, mask, ref_logprobs=ref)
-        _close(omega, torch.where(mask, expected, 0.0), 10.0)
+        _assert_close(omega, torch.where(mask, expected, 0.0), 10.0)
 
 
 def test_on_policy_omega_of_the_clipped_family_is_the_advantage():
@@ -322,7 +324,7 @@ def test_on_policy_omega_of_the_clipped_family_is_the_advantage():
         dict(name="gpg"),
     ):
         omega = gradient_coefficient(ObjectiveConfig(**kw), lp, lp, adv, mask)
-        _close(omega, a)
+        _assert_close(omega, a)
 
 
 def test_sequence_level_objectives_share_one_coefficient_per_row():
@@ -375,7 +377,7 @@ def test_loss_gradient_under_a_selection(case):
         expected = torch.where(mask, -share * omega / s, 0.0)
     else:
         expected = torch.where(sel, -omega / s, 0.0)
-    _close(grad, expected, 1.0)
+    _assert_close(grad, expected, 1.0)
 
 
 def test_loss_omega_ranks_like_omega_for_every_objective():
@@ -392,7 +394,7 @@ def test_loss_omega_ranks_like_omega_for_every_objective():
 
         from_loss = gmts.loss_omega(loss_fn, lp, mask)
         omega = gradient_coefficient(config, lp, old, adv, mask)
-        _close(from_loss * n, omega, omega.abs().max().item())
+        _assert_close(from_loss * n, omega, omega.abs().max().item())
         valid = mask.reshape(-1)
         order_a = torch.argsort(from_loss.reshape(-1)[valid], stable=True)
         order_b = torch.argsort(omega.reshape(-1)[valid], stable=True)
@@ -417,7 +419,7 @@ def test_a_plugged_in_objective_gets_omega_by_autograd_and_drives_gmts():
         omega = gradient_coefficient(config, lp, old, adv, mask)
         r = torch.exp(lp - old)
         expected = adv[:, None] * (1 - torch.tanh(r - 1) ** 2) * r
-        _close(omega, torch.where(mask, expected, 0.0), 1.0)
+        _assert_close(omega, torch.where(mask, expected, 0.0), 1.0)
         entropy = torch.rand(lp.shape, dtype=F64, generator=torch.Generator().manual_seed(0))
         selection = gmts.SelectionConfig(omega="autograd")
         result = gmts.select_for_update(

@@ -128,7 +128,7 @@ def _authors_loss(lp_var, old, ref, adv, selected, lengths, method, beta):
     return total
 
 
-def _check_reference_code(batch, lengths, method, score, ratio):
+def _assert_reference_code_is_the_authors(batch, lengths, method, score, ratio):
     """The reference-code preset's selection, loss and gradient against the authors' formulas
     on ``batch`` (from :func:`_group_batch`)."""
     lp, old, ref, entropy, rewards, mask, group_ids = batch
@@ -182,7 +182,9 @@ LENGTHS = [9, 3, 5, 1, 7, 2, 8, 4, 6, 6, 1, 5]  # three questions, unequal group
 @pytest.mark.parametrize("ratio", [0.2, 0.3, 0.5])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_reference_code_preset_equals_the_authors_formulas(method, score, ratio, seed):
-    _check_reference_code(_group_batch(seed, LENGTHS), LENGTHS, method, score, ratio)
+    _assert_reference_code_is_the_authors(
+        _group_batch(seed, LENGTHS), LENGTHS, method, score, ratio
+    )
 
 
 @pytest.mark.parametrize("method", ["grpo", "dapo"])
@@ -207,7 +209,7 @@ def test_reference_code_preset_breaks_ties_at_the_cut_as_their_sort(method, rati
         if straddling:
             break
     assert straddling, "no batch with a tie at the cut"
-    _check_reference_code(batch, LENGTHS, method, "gmts", ratio)
+    _assert_reference_code_is_the_authors(batch, LENGTHS, method, "gmts", ratio)
 
 
 def test_reference_code_ties_go_to_the_last_token():

@@ -140,7 +140,7 @@ def _settings(**selection) -> GMTSVerlSettings:
     return GMTSVerlSettings(selection=SelectionConfig(**selection))
 
 
-def _ratio_one_equals_verl(config, score: str, layout: str, seed: int, seeded: bool = False):
+def _assert_ratio_one_equals_verl(config, score: str, layout: str, seed: int, seeded: bool = False):
     settings = _settings(
         score=score, ratio=1.0, zero_scores="select", normalize=_normalize_at_ratio_one(config)
     )
@@ -166,7 +166,7 @@ def _ratio_one_equals_verl(config, score: str, layout: str, seed: int, seeded: b
 def test_ratio_one_equals_verl_ppo_loss_for_every_loss_mode(case, layout):
     config = _config(case, entropy_coeff=0.01)
     for seed in (0, 1):
-        _ratio_one_equals_verl(config, "gmts", layout, seed)
+        _assert_ratio_one_equals_verl(config, "gmts", layout, seed)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -174,14 +174,14 @@ def test_ratio_one_equals_verl_ppo_loss_for_every_loss_mode(case, layout):
 def test_ratio_one_equals_verl_ppo_loss_for_the_entropy_only_modes(case, layout):
     """clip_cov's random draw included: the same global RNG seed before both runs."""
     for seed in (0, 1):
-        _ratio_one_equals_verl(_config(case), "entropy", layout, seed, seeded=True)
+        _assert_ratio_one_equals_verl(_config(case), "entropy", layout, seed, seeded=True)
 
 
 @pytest.mark.parametrize("kl_type", KL_TYPES)
 def test_ratio_one_equals_verl_ppo_loss_for_every_kl_type(kl_type):
     config = vb.actor_config(kl_loss_type=kl_type, kl_loss_coef=0.3)
     for layout in LAYOUTS:
-        _ratio_one_equals_verl(config, "gmts", layout, seed=1)
+        _assert_ratio_one_equals_verl(config, "gmts", layout, seed=1)
 
 
 def test_every_verl_loss_mode_is_known():
