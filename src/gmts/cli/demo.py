@@ -610,15 +610,18 @@ def _git_commit() -> str | None:
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
-def demo_record(result: DemoResult, *, command: str, machine: dict[str, Any]) -> dict[str, Any]:
+def demo_record(
+    result: DemoResult, *, command: str, machine: dict[str, Any], commit: str | None
+) -> dict[str, Any]:
     """The demo's JSON: the printed table, the paired comparisons, every run and where it ran
-    (``benchmarks/report.py`` renders ``benchmarks/results/demo.json`` into the docs)."""
+    (``benchmarks/report.py`` renders ``benchmarks/results/demo.json`` into the docs).
+    ``commit``: the checkout's commit when the runs started (:func:`_git_commit`)."""
     return {
         "benchmark": "demo",
         "status": "ok",
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "commit": _git_commit(),
+        "commit": commit,
         "threads": result.config.threads,
         "wall_s": round(result.total_s, 1),
         "machine": machine,
@@ -707,6 +710,7 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs,
         )
         machine = machine_record()  # before the runs: the load they started under
+        commit = _git_commit()  # the code that runs (the checkout may move on meanwhile)
         result = run_demo(settings, progress=not args.no_progress)
     except ValueError as exc:
         print(f"gmts demo: error: {exc}", file=sys.stderr)
@@ -719,6 +723,7 @@ def run(args: argparse.Namespace) -> int:
             result,
             command=("gmts demo " + " ".join(shlex.quote(a) for a in argv)).strip(),
             machine=machine,
+            commit=commit,
         )
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")

@@ -482,7 +482,7 @@ def _select_beyond_threshold(
             # TRL compares `entropies * mask.float()` with the float32 threshold: float64
             # entropies stay float64 and the threshold is widened, so a score just below it
             # is not kept even where its float32 rounding equals it
-            values, threshold = scores.detach() + 0.0, threshold.double()
+            values, threshold = _working_scores(scores, wide=True), threshold.double()
     else:
         removed = 1 - _ratio_fraction(ratio)  # the mirror image for largest=False
         m = removed.numerator * n // removed.denominator
