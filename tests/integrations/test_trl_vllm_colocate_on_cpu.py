@@ -13,6 +13,10 @@ see docs/integrations.md); skips elsewhere, as in the main .venv.
    scaffolding), the rest of TRL's colocate path trains 2 steps: vLLM generates, TRL computes
    its importance-sampling ratio from vLLM's log-probs, GMTS selects and trains, and vLLM's
    log-probs follow the trained weights after each sync.
+3. The same with TRL's VESPO loss and a token IS range that excludes 1, which TRL's VESPO
+   weight reads at the padding too: accepted with ``gmts_vespo_trl_padding`` (whose loss and
+   omega equal TRL's own: tests/integrations/test_trl_loss_conformance.py) and trained by
+   TRL's own ``train()``.
 """
 
 from __future__ import annotations
@@ -66,3 +70,18 @@ def test_colocate_trains_with_vllm_reload_weights(tmp_path):
         assert 0 < step["sampling/importance_sampling_ratio/mean"] <= 3.0
         # after each sync vLLM scores like the trained model (float32 CPU kernels differ)
         assert step["sampling/sampling_logp_difference/max"] < 0.05
+
+
+def test_colocate_trains_vespo_with_trls_padding_weight(tmp_path):
+    proc = _run(tmp_path, "--steps", "2", "--cpu-weight-sync", "reload", "--vespo-trl-padding")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["loss_type"], result["vllm_importance_sampling_mode"]) == (
+        "vespo",
+        "token_truncate",
+    )
+    assert result["problems"] == [] and result["parameters_changed"] > 0
+    for step in result["steps"]:
+        # TRL's ratio truncated into [0.5, 0.9]: 1 (on-policy, and at the padding) is outside
+        assert 0.5 <= step["sampling/importance_sampling_ratio/mean"] <= 0.9 + 1e-6
+        assert step["gmts/selected_tokens"] == math.ceil(0.2 * step["gmts/valid_tokens"])
