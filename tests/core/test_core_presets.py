@@ -371,6 +371,34 @@ def test_threshold_rules_need_the_batch_scope():
 # the paper preset's zero-score rule
 
 
+def _first_grpo_step(cfg, lp, adv, mask, entropy):
+    """GRPO's first step (old = reference = the policy): the selection of ``cfg`` and the
+    gradient of its loss with respect to the log-probs."""
+    objective = gmts.ObjectiveConfig.preset("grpo")
+    lp_var = lp.clone().requires_grad_(True)
+    res = gmts.select_for_update(
+        cfg,
+        objective,
+        logprobs=lp_var,
+        old_logprobs=lp,
+        advantages=adv,
+        response_mask=mask,
+        entropy=entropy,
+        ref_logprobs=lp,
+    )
+    loss, _ = gmts.policy_loss(
+        lp_var,
+        lp,
+        adv,
+        mask,
+        gmts.LossConfig.of(objective, cfg),
+        selected=res.selected,
+        ref_logprobs=lp,
+    )
+    (grad,) = torch.autograd.grad(loss, lp_var)
+    return res.selected, grad
+
+
 def test_paper_preset_never_selects_a_zero_score():
     """GRPO's first step: the reference is the policy and r = 1, so omega = A; a zero-advantage
     group gives zero scores. When they reach the top rho, 'select' (TRL, the authors) fills S
@@ -383,33 +411,13 @@ def test_paper_preset_never_selects_a_zero_score():
     rewards[2:6] = 1.0
     adv = gmts.group_advantages(rewards, 2)
     entropy = torch.rand(b, t, dtype=F64, generator=torch.Generator().manual_seed(5)) + 0.1
-    objective = gmts.ObjectiveConfig.preset("grpo")
     nonzero = (adv != 0)[:, None].expand(b, t)
-    results = {}
-    for rule in ("skip", "select"):
-        cfg = gmts.SelectionConfig(ratio=0.9, zero_scores=rule)
-        lp_var = lp.clone().requires_grad_(True)
-        res = gmts.select_for_update(
-            cfg,
-            objective,
-            logprobs=lp_var,
-            old_logprobs=lp,
-            advantages=adv,
-            response_mask=mask,
-            entropy=entropy,
-            ref_logprobs=lp,
+    results = {
+        rule: _first_grpo_step(
+            gmts.SelectionConfig(ratio=0.9, zero_scores=rule), lp, adv, mask, entropy
         )
-        loss, _ = gmts.policy_loss(
-            lp_var,
-            lp,
-            adv,
-            mask,
-            gmts.LossConfig.of(objective, cfg),
-            selected=res.selected,
-            ref_logprobs=lp,
-        )
-        (grad,) = torch.autograd.grad(loss, lp_var)
-        results[rule] = (res.selected, grad)
+        for rule in ("skip", "select")
+    }
     skip_sel, skip_grad = results["skip"]
     select_sel, select_grad = results["select"]
     k = math.ceil(0.9 * b * t)
@@ -432,7 +440,6 @@ def test_bottom_selection_keeps_zero_scores_in_s():
     rewards = torch.tensor([1, 0, 0, 1, 1, 1, 1, 0], dtype=F64)  # groups of 2: one all-equal
     adv = gmts.group_advantages(rewards, 2)
     entropy = torch.rand(b, t, dtype=F64, generator=torch.Generator().manual_seed(7)) + 0.1
-    objective = gmts.ObjectiveConfig.preset("grpo")
     k = math.ceil(ratio * b * t)  # 32
     omega = adv[:, None].expand(b, t)  # GRPO's first step: r = 1, the reference is the policy
     score = (entropy * omega).abs()
@@ -445,26 +452,6 @@ def test_bottom_selection_keeps_zero_scores_in_s():
     expected = expected.reshape(b, t)
     for rule in ("skip", "select"):
         cfg = gmts.SelectionConfig.preset("paper", ratio=ratio, largest=False, zero_scores=rule)
-        lp_var = lp.clone().requires_grad_(True)
-        res = gmts.select_for_update(
-            cfg,
-            objective,
-            logprobs=lp_var,
-            old_logprobs=lp,
-            advantages=adv,
-            response_mask=mask,
-            entropy=entropy,
-            ref_logprobs=lp,
-        )
-        assert torch.equal(res.selected, expected), rule
-        loss, _ = gmts.policy_loss(
-            lp_var,
-            lp,
-            adv,
-            mask,
-            gmts.LossConfig.of(objective, cfg),
-            selected=res.selected,
-            ref_logprobs=lp,
-        )
-        (grad,) = torch.autograd.grad(loss, lp_var)
+        selected, grad = _first_grpo_step(cfg, lp, adv, mask, entropy)
+        assert torch.equal(selected, expected), rule
         torch.testing.assert_close(grad, torch.where(expected, -omega / k, 0.0))
