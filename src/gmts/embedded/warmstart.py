@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from gmts._cache import cache_dir as gmts_cache_dir
 from gmts.embedded.tiny_model import TinyModelConfig
 
 INFO_FILE = "warmstart.json"
@@ -170,9 +171,7 @@ class StopCheck:
 
 def default_cache_dir() -> Path:
     """``$GMTS_CACHE/warmstart`` when GMTS_CACHE is set, else ``~/.cache/gmts/warmstart``."""
-    root = os.environ.get("GMTS_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "gmts"
-    return base / "warmstart"
+    return gmts_cache_dir("warmstart")
 
 
 def warm_start_settings(

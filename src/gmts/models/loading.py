@@ -1,7 +1,9 @@
 """One way to find and load a model, for every command (train, eval, analyze, plan, export).
 
 - :func:`resolve_model_path`: what a model argument designates. Accepted, tried in order:
-  ``"embedded"`` (the cached warm start of a built-in task, built on first use); a Hugging
+  ``"embedded"`` (the cached warm start of a built-in task, built on first use); a named model
+  (``smollm2-135m-instruct``, :mod:`gmts.models.named`) or a ``.gguf`` file (converted once
+  into the cache as a Hugging Face folder); a Hugging
   Face model folder (``config.json``) or a peft LoRA adapter folder (``adapter_config.json``,
   what a LoRA run's checkpoints hold); a gmts checkpoint (``<run>/checkpoints/step_000100``,
   the model in ``model/``); a gmts training run (its newest checkpoint); a hub id
@@ -29,6 +31,13 @@ from gmts.models.lora import (
     adapter_base_path,
     is_adapter_folder,
     merge_saved_adapters,
+)
+from gmts.models.named import (
+    GGUFConversionError,
+    available_named_models,
+    convert_gguf,
+    is_gguf_path,
+    named_model_folder,
 )
 
 __all__ = [
@@ -95,6 +104,13 @@ def resolve_model_path(
         from gmts.embedded.warmstart import warm_start
 
         return str(warm_start(task, seed=seed, progress=progress))
+    if text in available_named_models() or is_gguf_path(text):
+        try:
+            if is_gguf_path(text):
+                return str(convert_gguf(text))
+            return str(named_model_folder(text))
+        except GGUFConversionError as exc:
+            raise ModelPathError(str(exc)) from None
     root = Path(text).expanduser()
     if not root.exists():
         if _HUB_ID.match(text) and not text.startswith("."):

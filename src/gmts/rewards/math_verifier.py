@@ -37,7 +37,7 @@ import time
 import warnings
 from pathlib import Path
 
-from gmts.rewards.boxed import extract_boxed
+from gmts.rewards.final_answer import extract_final_answer
 from gmts.rewards.math_answer import (
     MAX_ANSWER_CHARS,
     answers_match,
@@ -237,17 +237,26 @@ ISOLATIONS = ("process", "inline")
 
 
 def math_reward(
-    completion: str, answer: str, *, timeout: float = 5.0, isolation: str = "process"
+    completion: str,
+    answer: str,
+    *,
+    timeout: float = 5.0,
+    isolation: str = "process",
+    rule: str = "boxed",
 ) -> float:
-    """1.0 if the last ``\\boxed{...}`` of ``completion`` equals the gold ``answer``, else 0.0.
+    """1.0 if the final answer of ``completion`` equals the gold ``answer``, else 0.0.
 
-    The boxed content and the gold answer are normalised (`normalize_answer`: ``$`` removed,
-    trailing period, ``27.0`` -> ``27``, ``025`` -> ``25``) and compared by exact string or by
-    math-verify (symbolic and numeric equality). A completion without a complete box scores 0.
+    The final answer is read by ``rule`` (:mod:`gmts.rewards.final_answer`): ``"boxed"``, the
+    last complete ``\\boxed{...}`` (a completion without one scores 0), or
+    ``"boxed-or-last-number"``, that box or else the last number of the text. It and the gold
+    answer are normalised (`normalize_answer`: ``$`` removed, trailing period, ``27.0`` ->
+    ``27``, ``025`` -> ``25``) and compared by exact string or by math-verify (symbolic and
+    numeric equality).
 
     Args:
         completion: model output; any text (never raises on it).
         answer: gold answer as the benchmark stores it (``str``, or a number for AMC).
+        rule: how the final answer is read (see above).
         timeout: seconds one call may take (the worker's first start-up excluded); a check that
             runs longer scores 0.0.
         isolation: ``"process"`` (default) checks in a killable worker process; ``"inline"``
@@ -259,7 +268,7 @@ def math_reward(
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     if not _math_verify_installed():
         raise ImportError("math_reward needs the math-verify package: pip install 'gmts[rewards]'")
-    predicted = extract_boxed(completion) if isinstance(completion, str) else None
+    predicted = extract_final_answer(completion, rule) if isinstance(completion, str) else None
     if not predicted or answer is None:
         return 0.0
     gold = answer if isinstance(answer, str) else normalize_answer(answer)

@@ -2,7 +2,10 @@
 
 Trainers look rewards up by name so that none of them special-cases a task:
 
-- ``"math"``: `math_reward` (answer: the gold answer);
+- ``"math"``: `math_reward` reading the last ``\\boxed{}``, else the last number of the
+  completion (the way instruction-tuned models answer; :mod:`gmts.rewards.final_answer`);
+- ``"math-boxed"``: `math_reward` reading the last ``\\boxed{}`` only (the paper's format: an
+  answer without a box scores 0);
 - ``"choice"``: `choice_reward` (answer: the option letter A-E);
 - ``"yes_no"``: `yes_no_reward` (answer: "yes" / "no");
 - ``"code"``: the completion's code block run with the test code in the sandbox
@@ -69,7 +72,8 @@ def available_rewards() -> list[str]:
 
 
 # these already take (completion, answer); their other arguments are keyword-only defaults
-register_reward("math")(math_reward)
+register_reward("math")(functools.partial(math_reward, rule="boxed-or-last-number"))
+register_reward("math-boxed")(functools.partial(math_reward, rule="boxed"))
 register_reward("choice")(choice_reward)
 register_reward("yes_no")(yes_no_reward)
 

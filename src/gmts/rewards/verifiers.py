@@ -10,7 +10,10 @@ verifier's name:
 ``backend`` is the checked code-sandbox backend (only verifiers that run code read it;
 :func:`gmts.rewards.check_sandbox` gives it), ``timeout`` the seconds per program.
 
-- ``"math"``: :func:`math_reward` on the last ``\\boxed{}`` (extracted: that answer);
+- ``"math-boxed"``: :func:`math_reward` on the last ``\\boxed{}`` (extracted: that answer), the
+  paper's format and the math benchmarks' default;
+- ``"math"``: :func:`math_reward` on the last ``\\boxed{}``, else the last number of the
+  completion (extracted: that answer), for models that answer in prose;
 - ``"choice"`` / ``"yes_no"``: the option letter / yes-no answer;
 - ``"humaneval"`` / ``"mbpp"``: the completion's code block with the example's tests, run in
   the sandbox (extracted: the code block).
@@ -18,6 +21,7 @@ verifier's name:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +29,7 @@ from typing import Any
 from gmts._registry import Registry
 from gmts.rewards.boxed import extract_boxed
 from gmts.rewards.choice import choice_reward, extract_choice, extract_yes_no, yes_no_reward
+from gmts.rewards.final_answer import extract_final_answer
 from gmts.rewards.math_verifier import math_reward
 from gmts.rewards.program import extract_code_block, humaneval_program, mbpp_program
 from gmts.rewards.sandbox import code_reward
@@ -91,7 +96,16 @@ def program_verifier(name: str, build: Callable[[str, Any], tuple[str, str]]) ->
     return Verifier(name, score, runs_code=True)
 
 
-register_verifier(answer_verifier("math", math_reward, extract_boxed))
+register_verifier(
+    answer_verifier(
+        "math",
+        functools.partial(math_reward, rule="boxed-or-last-number"),
+        functools.partial(extract_final_answer, rule="boxed-or-last-number"),
+    )
+)
+register_verifier(
+    answer_verifier("math-boxed", functools.partial(math_reward, rule="boxed"), extract_boxed)
+)
 register_verifier(answer_verifier("choice", choice_reward, extract_choice))
 register_verifier(answer_verifier("yes_no", yes_no_reward, extract_yes_no))
 register_verifier(program_verifier("humaneval", humaneval_program))
