@@ -249,6 +249,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         train_args = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_trl_args(train_args)  # before any model loading or generation setup
+        args, kwargs = _resolve_model_argument(args, kwargs)
         super().__init__(*args, **kwargs)
         self.gmts_selection: SelectionConfig = train_args.gmts_selection_config()
 
@@ -631,3 +632,18 @@ class GMTSGRPOTrainer(GRPOTrainer):
 def _objective_of(options: TRLLossOptions) -> ObjectiveConfig:
     """``options.objective()``, built once per distinct set of options."""
     return options.objective()
+
+
+def _resolve_model_argument(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A model given by name (``smollm2-135m-instruct``), as a ``.gguf`` file or as a gmts run
+    becomes its folder (:func:`gmts.models.loading.resolve_model_path`); a model object or a
+    hub id reaches TRL unchanged."""
+    from gmts.models.loading import resolve_model_path
+
+    if args and isinstance(args[0], str):
+        return (resolve_model_path(args[0]), *args[1:]), kwargs
+    if isinstance(kwargs.get("model"), str):
+        return args, {**kwargs, "model": resolve_model_path(kwargs["model"])}
+    return args, kwargs

@@ -25,7 +25,11 @@ class GMTSScriptArguments:
     """What to train and on which data (the training settings live in GMTSGRPOConfig)."""
 
     model_name_or_path: str = field(
-        default="", metadata={"help": "Hugging Face model id or local directory."}
+        default="",
+        metadata={
+            "help": "Hugging Face model id, local folder, named model (smollm2-135m-instruct), "
+            ".gguf file or gmts run."
+        },
     )
     train_file: str = field(
         default="",
@@ -105,14 +109,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from gmts.data.prompts import has_chat_template
     from gmts.integrations.trl import GMTSGRPOConfig, GMTSGRPOTrainer
+    from gmts.models.loading import ModelPathError, resolve_model_path
 
     parser = TrlParser((GMTSScriptArguments, GMTSGRPOConfig))
     script, training_args = parser.parse_args_and_config(args=None if argv is None else list(argv))
     if not script.model_name_or_path:
         parser.error("--model_name_or_path is required")
-    tokenizer = AutoTokenizer.from_pretrained(script.model_name_or_path)
+    try:  # a named model (smollm2-135m-instruct), a .gguf file, a gmts run: their folder
+        model_path = resolve_model_path(script.model_name_or_path)
+    except ModelPathError as exc:
+        parser.error(str(exc))
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
     trainer = GMTSGRPOTrainer(
-        model=script.model_name_or_path,
+        model=model_path,
         reward_funcs=build_reward(script.reward),
         args=training_args,
         train_dataset=build_dataset(script, chat=has_chat_template(tokenizer)),

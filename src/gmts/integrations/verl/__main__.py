@@ -100,6 +100,7 @@ def build_command(argv: Sequence[str]) -> tuple[GMTSVerlSettings, str, list[str]
 
     settings = GMTSVerlSettings.from_strings(gmts_values)
     _check_overrides(settings, overrides)
+    overrides = [_resolve_model_override(item) for item in overrides]
     if _RUNTIME_ENV_KEY not in {_override_key(o) for o in overrides}:
         overrides.append(f"+{_RUNTIME_ENV_KEY}={settings.to_env_value(encoded=True)}")
     return settings, args.entry, overrides, args.dry_run
@@ -128,6 +129,22 @@ def _check_overrides(settings: GMTSVerlSettings, overrides: list[str]) -> None:
         else:
             node[name] = parse_value(item.split("=", 1)[1])
     check_actor_config(actor, settings)
+
+
+def _resolve_model_override(item: str) -> str:
+    """``*.model.path=smollm2-135m-instruct`` (a named model or a ``.gguf`` file) becomes
+    ``*.model.path=<its converted folder>`` (:mod:`gmts.models.named`); every other value is
+    verl's to read. ModelPathError (a ValueError) when the package or file is missing."""
+    key = _override_key(item)
+    if "=" not in item or not (key == "model.path" or key.endswith(".model.path")):
+        return item
+    from gmts.models.loading import resolve_model_path
+    from gmts.models.named import available_named_models, is_gguf_path
+
+    head, value = item.split("=", 1)
+    if value in available_named_models() or is_gguf_path(value):
+        return f"{head}={resolve_model_path(value)}"
+    return item
 
 
 def main(argv: Sequence[str] | None = None) -> int:
