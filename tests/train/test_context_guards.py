@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -45,21 +46,32 @@ def test_limit_is_the_smaller_of_config_and_meaningful_tokenizer_length():
 
 
 def test_train_on_gsm8k_with_the_demo_config_is_a_clear_error(
-    tiny_dir, tmp_path, shared_data, capsys
+    tiny_dir, tmp_path, shared_data, capsys, monkeypatch
 ):
     """`gmts train --config configs/demo.yaml data.dataset=gsm8k` (the embedded model has 64
-    positions) used to die with IndexError in the position embedding."""
-    code = main(
-        [
-            "train",
-            "--config",
-            str(REPO / "configs" / "demo.yaml"),
-            "data.dataset=gsm8k",
-            f"model.path={tiny_dir}",  # the embedded warm start's shape, without building it
-            f"logging.output_dir={tmp_path / 'run'}",
-        ]
-    )
-    err = capsys.readouterr().err
+    positions and reads only its task alphabet) used to die with IndexError in the position
+    embedding: now the text it cannot read stops it, and a file it can read but that does not
+    fit stops at the context guard, both before any weight is read."""
+
+    def train(*overrides: str) -> tuple[int, str]:
+        code = main(
+            [
+                "train",
+                "--config",
+                str(REPO / "configs" / "demo.yaml"),
+                *overrides,
+                f"model.path={tiny_dir}",  # the embedded warm start's shape, without building it
+                f"logging.output_dir={tmp_path / 'run'}",
+            ]
+        )
+        return code, capsys.readouterr().err
+
+    monkeypatch.setenv("GMTS_DATA_DIR", str(shared_data))
+    code, err = train("data.dataset=gsm8k")
+    assert code == 2 and "cannot encode" in err and "'0123456789+-*=>'" in err
+    digits = tmp_path / "digits.jsonl"
+    digits.write_text(json.dumps({"problem": "1+" * 30 + "1=", "answer": "31"}) + "\n")
+    code, err = train(f"data.dataset={digits}", "data.template=null")
     assert code == 2
     assert "exceeds the model's context of 64 (max_position_embeddings" in err
     assert "rollout.max_prompt_length" in err and "rollout.max_response_length" in err

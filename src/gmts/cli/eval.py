@@ -8,6 +8,8 @@ Examples::
     gmts eval --model runs/demo/gmts --benchmarks builtin:addition   # CPU, seconds; after
         # gmts train --config configs/demo.yaml checkpoint.save_final=true (the demo keeps none)
     gmts eval --table results/grpo.json results/gmts.json           # rows = models
+    gmts eval --model RUN --benchmarks mine.jsonl --question-field q --answer-field a \
+        --reward math --template math                               # your own file
 
 Results are appended per question to ``<out stem>.partial.jsonl`` as they finish; running the
 same command again continues where a killed run stopped. See docs/evaluation.md.
@@ -33,12 +35,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--benchmarks",
         default="aime24,amc23,math500,minerva,olympiadbench",
         help="comma-separated names (default: the paper's five math benchmarks); "
-        "builtin:<task> for the embedded tasks",
+        "builtin:<task> for the embedded tasks; a .jsonl/.jsonl.gz/.json/.parquet file of your "
+        "own (see --question-field, --answer-field, --reward, --template)",
     )
     parser.add_argument("--n", type=int, default=16, help="samples per question (average@n)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (pass@1)")
     parser.add_argument("--limit", type=int, default=None, help="first K questions per benchmark")
-    parser.add_argument("--data-dir", default=None, help="folder of the benchmark files")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder of the benchmark files, in the layout of docs/evaluation.md (default: "
+        "$GMTS_DATA_DIR; neither: the Hugging Face Hub copies, cached by datasets)",
+    )
+    parser.add_argument(
+        "--question-field", default="problem", help="your file: the question's field"
+    )
+    parser.add_argument("--answer-field", default="answer", help="your file: the gold's field")
+    parser.add_argument(
+        "--id-field", default=None, help="your file: a row id field (default: the row number)"
+    )
+    parser.add_argument(
+        "--reward",
+        default="math",
+        help="your file: the reward of gmts.rewards that scores a completion against the gold "
+        "(math, choice, yes_no, code, format, exact)",
+    )
+    parser.add_argument(
+        "--template",
+        default="math",
+        help="your file: the prompt template of gmts.data.prompts (plain: the question as is)",
+    )
     parser.add_argument(
         "--out",
         default=None,
@@ -115,7 +141,13 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(summaries))
         return 0
 
-    from gmts.eval.benchmarks import BUILTIN_PREFIX, code_sandbox, parse_benchmarks
+    from gmts.eval.benchmarks import (
+        BUILTIN_PREFIX,
+        FileFields,
+        code_sandbox,
+        get_spec,
+        parse_benchmarks,
+    )
     from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
     from gmts.eval.results_store import ResultsStore
     from gmts.models.loading import ModelPathError, resolve_model_path
@@ -130,7 +162,14 @@ def run(args: argparse.Namespace) -> int:
             from gmts.eval.backends import check_whole_model
 
             check_whole_model(model_path, "the vllm backend")
-        benchmarks = parse_benchmarks(args.benchmarks)
+        file_fields = FileFields(
+            question_field=args.question_field,
+            answer_field=args.answer_field,
+            id_field=args.id_field,
+            reward=args.reward,
+            template=args.template,
+        )
+        benchmarks = parse_benchmarks(args.benchmarks, file_fields)
         sandbox = code_sandbox(benchmarks, args.sandbox)  # code benchmarks: fail closed now
         config = EvalConfig(
             n=args.n,
@@ -142,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             code_timeout=args.code_timeout,
             sandbox=sandbox or args.sandbox,
+            file_fields=file_fields,
         )
     except (ModelPathError, SandboxUnavailableError) as err:
         return _error(str(err))
@@ -153,13 +193,13 @@ def run(args: argparse.Namespace) -> int:
     if dataset_names:  # find every file now rather than after minutes of loading
         import warnings
 
-        from gmts.data.benchmarks import load_benchmark
+        from gmts.data.benchmarks import read_benchmark
 
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # bad rows are reported once, by the real load
                 for bench in dataset_names:
-                    load_benchmark(bench, data_dir=args.data_dir, limit=1)
+                    read_benchmark(get_spec(bench), data_dir=args.data_dir, limit=1)
         except (OSError, ValueError) as err:
             return _error(str(err))
 

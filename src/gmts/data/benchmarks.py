@@ -3,38 +3,69 @@ verifier and decoding, so that loading (training data, ``gmts eval``) and scorin
 record.
 
 The paper's protocol: math and commonsense benchmarks are sampled (average@16 at temperature
-1.0); code benchmarks are decoded greedily and scored pass@1. Files are read from the data
-folder of :func:`gmts.data.datasets.resolve_data_dir` (never copied into the repository).
+1.0); code benchmarks are decoded greedily and scored pass@1.
+
+Where a split is read from, first found wins (:func:`read_benchmark`):
+1. a data folder the user named (``data_dir`` / ``gmts eval --data-dir``, else
+   ``$GMTS_DATA_DIR``), in the layout of ``Benchmark.splits`` (never copied into the
+   repository); a named folder without the file is an error, never skipped;
+2. a development machine's ``../shared/data`` (:func:`gmts.data.datasets.dev_data_dirs`);
+3. the Hugging Face Hub copy of ``Benchmark.hub`` through ``datasets.load_dataset`` (cached
+   by ``datasets``; offline, a cached copy still loads).
+Neither: one error line naming both ways.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from gmts._registry import Registry
 from gmts.data.datasets import (
+    DATA_DIR_ENV,
     Example,
     RowParser,
     _check_limit,
     _collect,
+    configured_data_dir,
+    dev_data_dirs,
     read_records,
-    resolve_data_dir,
 )
 from gmts.rewards.verifiers import Verifier, get_verifier
 
 __all__ = [
     "Benchmark",
+    "HubSource",
     "available_benchmarks",
     "get_benchmark",
     "load_benchmark",
+    "read_benchmark",
     "register_benchmark",
 ]
 
 Decoding = Literal["sample", "greedy"]
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """One split of a benchmark on the Hugging Face Hub.
+
+    Attributes:
+        path: the dataset id (``datasets.load_dataset``'s ``path``), e.g. "HuggingFaceH4/MATH-500".
+        split: the hub's split name.
+        config: the hub's configuration name (None: the default).
+        parse_row: the row parser of the hub's fields (None: the benchmark's own, when the hub
+            rows carry the file's fields).
+    """
+
+    path: str
+    split: str
+    config: str | None = None
+    parse_row: RowParser | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +75,8 @@ class Benchmark:
     Attributes:
         name: the name ``load_benchmark`` and ``gmts eval --benchmarks`` take.
         display: column header in the results table (the paper's spelling).
-        splits: split name -> file path relative to the data folder.
+        splits: split name -> file path relative to the data folder (or an absolute path:
+            a user's own file, read from there).
         default_split: the split loaded when none is asked for (its evaluation split).
         parse_row: ``(row, index, split) -> Example``; None for a benchmark not read from files
             (``gmts eval``'s ``builtin:<task>``).
@@ -53,6 +85,7 @@ class Benchmark:
         decoding: "sample" (average@n at the chosen temperature) or "greedy" (pass@1).
         max_new_tokens: default generation budget.
         keep: optional row filter per split (MBPP selects task-id ranges from one file).
+        hub: split name -> its copy on the Hugging Face Hub, read when no data folder has it.
     """
 
     name: str
@@ -65,6 +98,7 @@ class Benchmark:
     decoding: Decoding = "sample"
     max_new_tokens: int = 2048
     keep: Callable[[dict[str, Any], str], bool] | None = None
+    hub: Mapping[str, HubSource] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.decoding not in ("sample", "greedy"):
@@ -73,6 +107,9 @@ class Benchmark:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.splits and self.default_split not in self.splits:
             raise ValueError(f"default_split {self.default_split!r} is not one of the splits")
+        unknown = sorted(set(self.hub) - set(self.splits))
+        if unknown:
+            raise ValueError(f"hub names splits the benchmark does not have: {unknown}")
 
     @property
     def runs_code(self) -> bool:
@@ -227,37 +264,55 @@ def _mbpp_keep(row: dict[str, Any], split: str) -> bool:
 _MATH, _CHOICE, _YES_NO = get_verifier("math-boxed"), get_verifier("choice"), get_verifier("yes_no")
 _HUMANEVAL, _MBPP = get_verifier("humaneval"), get_verifier("mbpp")
 _MBPP_SPLITS = {split: "code/mbpp.jsonl" for split in ("test", "train", "validation", "prompt")}
+# The hub copies (the paper names none): ones whose rows match the files of ../shared/data
+# (SOURCES.md) where such a copy exists; docs/evaluation.md lists them.
+_GSM8K = "openai/gsm8k"
+_CSQA2 = "tasksource/commonsense_qa_2.0"
+_MBPP_HUB = {s: HubSource("google-research-datasets/mbpp", s, "full") for s in _MBPP_SPLITS}
 
 # fmt: off
 for _benchmark in (
     # the paper's five math benchmarks (Table 1 column order) and the other math sets
     Benchmark("aime24", "AIME24", {"test": "math/aime24_test.jsonl"}, "test",
-              _math_row("problem", "id"), "math", _MATH),
+              _math_row("problem", "id"), "math", _MATH,
+              hub={"test": HubSource("HuggingFaceH4/aime_2024", "train")}),
     Benchmark("amc23", "AMC23", {"test": "math/amc23_test.jsonl"}, "test",
-              _math_row("problem", "id"), "math", _MATH),
+              _math_row("problem", "id"), "math", _MATH,
+              hub={"test": HubSource("math-ai/amc23", "test",
+                                     parse_row=_math_row("question", "id"))}),
     Benchmark("math500", "MATH-500", {"test": "math/math500_test.jsonl"}, "test",
-              _math_row("problem", "unique_id"), "math", _MATH),
+              _math_row("problem", "unique_id"), "math", _MATH,
+              hub={"test": HubSource("HuggingFaceH4/MATH-500", "test")}),
     Benchmark("minerva", "Minerva", {"test": "math/minerva_math_test.jsonl"}, "test",
-              _minerva_row, "math", _MATH),
+              _minerva_row, "math", _MATH,
+              hub={"test": HubSource("math-ai/minervamath", "test",
+                                     parse_row=_math_row("question", None))}),
     Benchmark("olympiadbench", "OlympiadBench", {"test": "math/olympiadbench_test.jsonl"},
-              "test", _olympiad_row, "math", _MATH),
+              "test", _olympiad_row, "math", _MATH,
+              hub={"test": HubSource("Hothan/OlympiadBench", "train", "OE_TO_maths_en_COMP")}),
     Benchmark("gsm8k", "GSM8K", {"test": "gsm8k/test.jsonl", "train": "gsm8k/train.jsonl"},
-              "test", _gsm8k_row, "math", _MATH),
+              "test", _gsm8k_row, "math", _MATH,
+              hub={s: HubSource(_GSM8K, s, "main") for s in ("test", "train")}),
     Benchmark("math12k", "MATH-12K", {"train": "math/math12k_train.jsonl.gz"}, "train",
-              _math_row("problem", "unique_id"), "math", _MATH),
+              _math_row("problem", "unique_id"), "math", _MATH,
+              hub={"train": HubSource("hiyouga/math12k", "train")}),
     # commonsense (Tables 4-5, right)
     Benchmark("csqa", "CS-QA", {"dev": "commonsense/csqa_dev.jsonl"}, "dev", _csqa_row,
-              "commonsense_choice", _CHOICE),
+              "commonsense_choice", _CHOICE,
+              hub={"dev": HubSource("tau/commonsense_qa", "validation")}),
     Benchmark("csqa2", "CS-QA2", {"dev": "commonsense/csqa2_dev.jsonl",
                                   "train": "commonsense/csqa2_train.jsonl"}, "dev",
-              _csqa2_row, "commonsense_yesno", _YES_NO),
+              _csqa2_row, "commonsense_yesno", _YES_NO,
+              hub={"dev": HubSource(_CSQA2, "validation"), "train": HubSource(_CSQA2, "train")}),
     Benchmark("csqa2_train", "CS-QA2 (train)", {"train": "commonsense/csqa2_train.jsonl"},
-              "train", _csqa2_row, "commonsense_yesno", _YES_NO),
+              "train", _csqa2_row, "commonsense_yesno", _YES_NO,
+              hub={"train": HubSource(_CSQA2, "train")}),
     # code (Tables 4-5, left): greedy pass@1
     Benchmark("humaneval", "HumanEval", {"test": "code/HumanEval.jsonl.gz"}, "test",
-              _humaneval_row, "code", _HUMANEVAL, "greedy"),
+              _humaneval_row, "code", _HUMANEVAL, "greedy",
+              hub={"test": HubSource("openai/openai_humaneval", "test")}),
     Benchmark("mbpp", "MBPP", _MBPP_SPLITS, "test", _mbpp_row, "code", _MBPP, "greedy",
-              keep=_mbpp_keep),
+              keep=_mbpp_keep, hub=_MBPP_HUB),
 ):
     register_benchmark(_benchmark)
 # fmt: on
@@ -274,22 +329,94 @@ def load_benchmark(
 
     Args:
         name: e.g. "math500", "aime24", "csqa", "humaneval", "mbpp".
-        data_dir: the data folder (see `resolve_data_dir` for the default).
+        data_dir: the data folder (default: ``$GMTS_DATA_DIR``; neither: a development
+            machine's ``../shared/data``, else the Hugging Face Hub; see the module docstring).
         split: one of the benchmark's splits (default: its evaluation split; MBPP "test" is
             task ids 11-510).
         limit: keep only the first ``limit`` good examples.
     """
-    spec = get_benchmark(name)
+    return read_benchmark(get_benchmark(name), data_dir=data_dir, split=split, limit=limit)
+
+
+def read_benchmark(
+    spec: Benchmark,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+) -> list[Example]:
+    """Examples of the benchmark ``spec`` (registered or not), as :func:`load_benchmark`.
+
+    Raises FileNotFoundError (one line) when the split is in no data folder and its hub copy
+    cannot be loaded (or it has none), naming both ways to provide it.
+    """
     split = spec.default_split if split is None else split
     if split not in spec.splits:
-        raise ValueError(f"benchmark {name!r} has no split {split!r}; splits: {list(spec.splits)}")
+        raise ValueError(
+            f"benchmark {spec.name!r} has no split {split!r}; splits: {list(spec.splits)}"
+        )
     _check_limit(limit)
-    path = resolve_data_dir(data_dir) / spec.splits[split]
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark {name!r} ({split}): file not found at {path}")
+    records, parse_row = _split_records(spec, split, data_dir)
+    assert parse_row is not None, f"benchmark {spec.name!r} is not read from files"
     rows = (
         (index, row)
-        for index, row in enumerate(read_records(path))
+        for index, row in enumerate(records)
         if spec.keep is None or spec.keep(row, split)
     )
-    return _collect(rows, spec.parse_row, split, limit, f"{name} ({split})")
+    return _collect(rows, parse_row, split, limit, f"{spec.name} ({split})")
+
+
+def _split_records(
+    spec: Benchmark, split: str, data_dir: str | os.PathLike | None
+) -> tuple[Iterable[dict[str, Any]], RowParser | None]:
+    """The rows of one split and their parser, from the first place that has them."""
+    relative = spec.splits[split]
+    if Path(relative).is_absolute():  # a user's own file
+        return read_records(relative), spec.parse_row
+    named = configured_data_dir(data_dir)
+    if named is not None:
+        path = named / relative
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"benchmark {spec.name!r} ({split}): file not found at {path} (the data folder "
+                f"given; without --data-dir and ${DATA_DIR_ENV} it loads from the Hugging Face "
+                "Hub)"
+            )
+        return read_records(path), spec.parse_row
+    for folder in dev_data_dirs():
+        if (folder / relative).is_file():
+            return read_records(folder / relative), spec.parse_row
+    source = spec.hub.get(split)
+    how = (
+        f"pass --data-dir PATH (data_dir=...) or set ${DATA_DIR_ENV}=PATH to a folder holding "
+        f"{relative} (docs/evaluation.md)"
+    )
+    if source is None:
+        raise FileNotFoundError(
+            f"benchmark {spec.name!r} ({split}): no data folder and no Hugging Face Hub copy: {how}"
+        )
+    try:
+        table = _load_from_hub(source)
+    except Exception as error:  # noqa: BLE001 - offline, no package, unknown id: one line
+        reason = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        raise FileNotFoundError(
+            f"benchmark {spec.name!r} ({split}): no data folder given and the Hugging Face Hub "
+            f"copy {source.path} ({source.config or 'default'}/{source.split}) could not be "
+            f"loaded ({reason}); {how}, or make the hub reachable"
+        ) from error
+    return table, source.parse_row or spec.parse_row
+
+
+def hub_location(source: HubSource) -> str:
+    """What ``datasets.load_dataset`` is given as ``path`` for ``source``: its hub id (tests
+    swap in a local folder laid out like a hub repository)."""
+    return source.path
+
+
+def _load_from_hub(source: HubSource) -> Iterable[dict[str, Any]]:
+    """The rows of ``source`` through ``datasets.load_dataset`` (cached by ``datasets``)."""
+    try:
+        import datasets as hf_datasets
+    except ImportError as error:
+        raise ImportError("the `datasets` package is missing: pip install 'gmts[data]'") from error
+    return hf_datasets.load_dataset(hub_location(source), source.config, split=source.split)

@@ -1,9 +1,10 @@
 """Benchmark loaders: the paper's evaluation sets and training sets as `Example` records.
 
-Files are read from a data folder (never copied into the repository): ``data_dir`` if given,
-else ``$GMTS_DATA_DIR``, else ``../shared/data`` next to the repository or the working
-directory. Each benchmark knows its file, its splits, where its question and gold answer are,
-and how to normalise the gold answer (see `BENCHMARKS` and docs/rewards.md).
+Benchmark files are read from a data folder (never copied into the repository): ``data_dir``
+if given, else ``$GMTS_DATA_DIR`` (:func:`configured_data_dir`); without either, the
+benchmarks of :mod:`gmts.data.benchmarks` load from the Hugging Face Hub. Each benchmark knows
+its file, its splits, where its question and gold answer are, and how to normalise the gold
+answer (see :mod:`gmts.data.benchmarks` and docs/rewards.md).
 
 Rows whose gold answer is empty or the string "None" (MATH-12K has four) are skipped with one
 warning naming them. Any other JSONL/JSON/parquet file loads with `load_jsonl_dataset`; a
@@ -95,9 +96,10 @@ def _read_parquet(path: Path) -> Iterator[dict[str, Any]]:
     yield from parquet.read_table(path).to_pylist()
 
 
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The data folder: ``data_dir``, else ``$GMTS_DATA_DIR``, else a ``../shared/data`` found
-    next to the repository or the working directory; FileNotFoundError if none exists."""
+def configured_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The data folder the user named: ``data_dir``, else ``$GMTS_DATA_DIR``, else None.
+
+    A named folder that does not exist raises FileNotFoundError (it is never skipped)."""
     if data_dir is not None:
         path = Path(data_dir).expanduser()
         if not path.is_dir():
@@ -109,15 +111,31 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
         if not path.is_dir():
             raise FileNotFoundError(f"${DATA_DIR_ENV}={from_env!r} is not a folder")
         return path
+    return None
+
+
+def dev_data_dirs() -> list[Path]:
+    """The development machines' data folders that exist: ``../shared/data`` next to the
+    repository or the working directory (a user's clone has none; nothing depends on them)."""
     repo_root = Path(__file__).resolve().parents[3]
     candidates = [repo_root.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    tried = ", ".join(str(c) for c in candidates)
+    return [c for c in dict.fromkeys(candidates) if c.is_dir()]
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The data folder: ``data_dir``, else ``$GMTS_DATA_DIR``, else a ``../shared/data`` found
+    next to the repository or the working directory; FileNotFoundError if none exists.
+    (Benchmarks also load from the Hugging Face Hub: :func:`gmts.data.benchmarks.load_benchmark`.)
+    """
+    named = configured_data_dir(data_dir)
+    if named is not None:
+        return named
+    found = dev_data_dirs()
+    if found:
+        return found[0]
     raise FileNotFoundError(
-        f"no benchmark data folder found (tried {tried}); pass --data-dir PATH (data_dir=...) "
-        f"or set ${DATA_DIR_ENV}"
+        f"no benchmark data folder found: pass --data-dir PATH (data_dir=...) or set "
+        f"${DATA_DIR_ENV} to a folder in the layout of docs/evaluation.md"
     )
 
 

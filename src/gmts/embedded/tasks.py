@@ -146,6 +146,15 @@ class Task:
         return problems
 
     # ---- reward and demonstrations -----------------------------------------------------------
+    @property
+    def reward_description(self) -> str:
+        """What :meth:`reward` expects, in one line."""
+        example = self.make_problem(self.first_range[0], self.second_range[0])
+        return (
+            "exactly the expected completion, the reversed digits, '>' and the digits "
+            f"(e.g. {example.answer} for {example.prompt})"
+        )
+
     def reward(self, completion: str, answer: str) -> float:
         """1.0 when ``completion`` up to its first end token equals ``answer`` exactly, else 0.0."""
         return 1.0 if completion.split(END_TOKEN, 1)[0] == answer else 0.0

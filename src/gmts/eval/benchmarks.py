@@ -1,6 +1,7 @@
 """What ``gmts eval`` evaluates: the registered benchmarks of :mod:`gmts.data.benchmarks` (each
-with its template, verifier and decoding) plus ``builtin:<task>`` for the embedded arithmetic
-tasks of :mod:`gmts.embedded.tasks`.
+with its template, verifier and decoding), ``builtin:<task>`` for the embedded arithmetic
+tasks of :mod:`gmts.embedded.tasks`, and a user's own file (``path.jsonl``: its fields, reward
+and template named by :class:`FileFields`, read as ``data.dataset`` reads a file for training).
 
 :func:`load_eval_benchmark` turns a name into an :class:`EvalBenchmark`: the questions with
 their formatted prompts and a scoring function ``score(completion, item) -> (reward,
@@ -19,6 +20,78 @@ from gmts.data.benchmarks import Benchmark, available_benchmarks, get_benchmark
 from gmts.rewards.verifiers import Verifier
 
 BUILTIN_PREFIX = "builtin:"
+DATA_FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+"""A ``--benchmarks`` entry ending in one of these (and not a registered name) is a file."""
+
+
+@dataclass(frozen=True)
+class FileFields:
+    """How the rows of a user's own benchmark file are read and scored (``gmts eval
+    --question-field/--answer-field/--id-field/--reward/--template``; the training side's
+    ``data.question_field``, ``data.answer_field``, ``data.reward``, ``data.template``)."""
+
+    question_field: str = "problem"
+    answer_field: str = "answer"
+    id_field: str | None = None
+    reward: str = "math"
+    template: str = "math"
+
+    def __post_init__(self) -> None:
+        from gmts.data.prompts import available_templates
+        from gmts.rewards.registry import available_rewards
+
+        if self.reward not in available_rewards():
+            raise ValueError(f"unknown reward {self.reward!r}; available: {available_rewards()}")
+        if self.template not in available_templates():
+            raise ValueError(
+                f"unknown template {self.template!r}; available: {available_templates()}"
+            )
+
+
+_FILE_BENCHMARKS: dict[str, Benchmark] = {}  # the files named in this process, by name
+
+
+def is_data_file(name: str) -> bool:
+    """Whether ``name`` names a data file rather than a registered benchmark."""
+    return name.lower().endswith(DATA_FILE_SUFFIXES) and name not in available_benchmarks()
+
+
+def reward_verifier(name: str) -> Verifier:
+    """A verifier scoring ``reward(completion, example.answer)`` with the registered reward
+    ``name``: the benchmark verifier of that name where one exists (it records the extracted
+    answer too), else the reward itself (a code reward runs in the verifier's sandbox)."""
+    from gmts.rewards.registry import get_reward, reward_runs_code
+    from gmts.rewards.verifiers import available_verifiers, get_verifier
+
+    if name in available_verifiers():
+        return get_verifier(name)
+    bound: dict[str | None, Callable[[str, str], float]] = {}
+
+    def score(completion: str, example: Any, *, backend: str | None = None, **_: Any):
+        if backend not in bound:  # a code reward checks (and binds) its sandbox once
+            bound[backend] = get_reward(name, sandbox=backend)
+        return float(bound[backend](completion, example.answer)), None
+
+    return Verifier(f"reward:{name}", score, runs_code=reward_runs_code(name))
+
+
+def file_benchmark(path: str, fields: FileFields) -> Benchmark:
+    """The benchmark of a user's file ``path`` (its name is ``path`` as given); ValueError when
+    it is not a file."""
+    from gmts.data.datasets import _field_parser
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"benchmark file {path!r} not found")
+    return Benchmark(
+        name=path,
+        display=file.name,
+        splits={"file": str(file.resolve())},
+        default_split="file",
+        parse_row=_field_parser(fields.question_field, fields.answer_field, fields.id_field, None),
+        template=fields.template,
+        verifier=reward_verifier(fields.reward),
+    )
 
 
 def _task_names() -> list[str]:
@@ -28,7 +101,8 @@ def _task_names() -> list[str]:
 
 
 def available_eval_benchmarks() -> list[str]:
-    """Every name ``gmts eval`` accepts: the registered benchmarks, then ``builtin:*``."""
+    """Every name ``gmts eval`` accepts: the registered benchmarks, then ``builtin:*`` (and any
+    file ending in one of ``DATA_FILE_SUFFIXES``)."""
     return available_benchmarks() + [BUILTIN_PREFIX + t for t in _task_names()]
 
 
@@ -48,19 +122,25 @@ def _builtin(name: str) -> Benchmark:
 
 
 def get_spec(name: str) -> Benchmark:
-    """The benchmark ``name`` (registered or ``builtin:<task>``); unknown names list valid ones."""
+    """The benchmark ``name`` (registered, ``builtin:<task>`` or a file named to
+    :func:`parse_benchmarks`); unknown names list valid ones."""
+    if name in _FILE_BENCHMARKS:
+        return _FILE_BENCHMARKS[name]
     if name.startswith(BUILTIN_PREFIX) and name[len(BUILTIN_PREFIX) :] in _task_names():
         return _builtin(name)
     if name in available_benchmarks():
         return get_benchmark(name)
     raise ValueError(
         f"unknown benchmark {name!r}; valid benchmarks: {', '.join(available_eval_benchmarks())}"
+        f", or a file ending in {', '.join(DATA_FILE_SUFFIXES)}"
     )
 
 
-def parse_benchmarks(text: str | list[str]) -> list[str]:
+def parse_benchmarks(text: str | list[str], file_fields: FileFields | None = None) -> list[str]:
     """Split a comma-separated list, drop blanks and duplicates, and check every name.
 
+    A name ending in one of ``DATA_FILE_SUFFIXES`` is a user's file, read and scored as
+    ``file_fields`` says (default :class:`FileFields`); from here on :func:`get_spec` knows it.
     Raises ValueError naming the bad names and listing the valid ones (before any loading).
     """
     items = text.split(",") if isinstance(text, str) else [p for t in text for p in t.split(",")]
@@ -72,6 +152,9 @@ def parse_benchmarks(text: str | list[str]) -> list[str]:
         raise ValueError("benchmarks: give at least one benchmark name")
     bad = []
     for name in names:
+        if is_data_file(name):
+            _FILE_BENCHMARKS[name] = file_benchmark(name, file_fields or FileFields())
+            continue
         try:
             get_spec(name)
         except ValueError:
@@ -79,7 +162,8 @@ def parse_benchmarks(text: str | list[str]) -> list[str]:
     if bad:
         raise ValueError(
             f"unknown benchmark(s) {', '.join(map(repr, bad))}; valid benchmarks: "
-            f"{', '.join(available_eval_benchmarks())}"
+            f"{', '.join(available_eval_benchmarks())}, or a file ending in "
+            f"{', '.join(DATA_FILE_SUFFIXES)}"
         )
     return names
 
@@ -166,7 +250,8 @@ def load_eval_benchmark(
     """Load benchmark ``name`` and format its prompts for ``tokenizer``.
 
     Args:
-        name: a name of :func:`available_eval_benchmarks`.
+        name: a name of :func:`available_eval_benchmarks` or a file given to
+            :func:`parse_benchmarks`.
         tokenizer: chat template source for :func:`gmts.data.prompts.format_prompt` (or None).
         data_dir: folder of the benchmark files (the loader's default when None).
         limit: keep the first ``limit`` questions (file order).
@@ -189,10 +274,10 @@ def load_eval_benchmark(
             for i, p in enumerate(problems)
         ]
     else:
-        from gmts.data.benchmarks import load_benchmark
+        from gmts.data.benchmarks import read_benchmark
 
         items = []
-        for ex in load_benchmark(name, data_dir=data_dir, limit=limit):
+        for ex in read_benchmark(spec, data_dir=data_dir, limit=limit):
             meta = dict(ex.meta or {})
             text, choices = prompt_question(spec, ex.question, meta)
             prompt = format_prompt(tokenizer, text, template=spec.template, choices=choices)

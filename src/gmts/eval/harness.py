@@ -19,13 +19,14 @@ import hashlib
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gmts.eval.backends import GenerationBackend
 from gmts.eval.benchmarks import (
     EvalBenchmark,
+    FileFields,
     code_sandbox,
     get_spec,
     load_eval_benchmark,
@@ -53,6 +54,7 @@ class EvalConfig:
         code_timeout: seconds per program for code benchmarks.
         sandbox: code benchmarks' sandbox, "bwrap" or "subprocess" (weaker: explicit opt-in);
             None = ``$GMTS_SANDBOX``, else "bwrap" (an error where bubblewrap does not work).
+        file_fields: how a benchmark that is a user's file is read and scored.
     """
 
     n: int = 16
@@ -64,6 +66,7 @@ class EvalConfig:
     data_dir: str | None = None
     code_timeout: float = 10.0
     sandbox: str | None = None
+    file_fields: FileFields = field(default_factory=FileFields)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -234,7 +237,9 @@ def evaluate(
         progress: show a progress bar per benchmark (on stderr).
     """
     config = config or EvalConfig()
-    names = parse_benchmarks(list(benchmarks) if not isinstance(benchmarks, str) else benchmarks)
+    names = parse_benchmarks(
+        list(benchmarks) if not isinstance(benchmarks, str) else benchmarks, config.file_fields
+    )
     sandbox = code_sandbox(names, config.sandbox)  # fails before generating anything
     settings = store_settings(model_id or model_name, backend.name, config)
     if isinstance(results_path, ResultsStore):

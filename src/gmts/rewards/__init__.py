@@ -7,6 +7,7 @@ Code runs only in bubblewrap unless the weaker backend is chosen explicitly (`ch
 
 from gmts.rewards.boxed import extract_boxed, format_reward
 from gmts.rewards.choice import choice_reward, extract_choice, extract_yes_no, yes_no_reward
+from gmts.rewards.exact import exact_reward
 from gmts.rewards.math_answer import normalize_answer
 from gmts.rewards.math_verifier import math_reward
 from gmts.rewards.program import (
@@ -16,7 +17,13 @@ from gmts.rewards.program import (
     mbpp_program,
     mbpp_tests,
 )
-from gmts.rewards.registry import available_rewards, get_reward, register_reward, reward_runs_code
+from gmts.rewards.registry import (
+    available_rewards,
+    get_reward,
+    register_reward,
+    reward_description,
+    reward_runs_code,
+)
 from gmts.rewards.sandbox import (
     SandboxResult,
     SandboxUnavailableError,
@@ -32,6 +39,7 @@ __all__ = [
     "check_sandbox",
     "choice_reward",
     "code_reward",
+    "exact_reward",
     "extract_boxed",
     "extract_choice",
     "extract_code_block",
@@ -45,6 +53,7 @@ __all__ = [
     "mbpp_tests",
     "normalize_answer",
     "register_reward",
+    "reward_description",
     "reward_runs_code",
     "run_sandboxed",
     "yes_no_reward",

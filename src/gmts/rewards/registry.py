@@ -29,13 +29,18 @@ from gmts.rewards.sandbox import check_sandbox, code_reward
 RewardFn = Callable[[str, str], float]
 _REWARDS: Registry[RewardFn] = Registry("reward")
 _RUNS_CODE: set[str] = set()  # names of the rewards that execute model output
+_DESCRIPTIONS: dict[str, str] = {}  # name -> one line: what a completion must hold to score
 
 
-def register_reward(name: str, *, runs_code: bool = False) -> Callable[[RewardFn], RewardFn]:
+def register_reward(
+    name: str, *, runs_code: bool = False, description: str = ""
+) -> Callable[[RewardFn], RewardFn]:
     """Decorator adding ``fn(completion, answer) -> float`` under ``name``; duplicates raise.
 
     ``runs_code=True``: the reward executes model output; ``fn`` then also takes a keyword
     ``backend`` (the sandbox backend of `gmts.rewards.run_sandboxed`), which `get_reward` binds.
+    ``description``: one line saying what a completion must hold to score (the trainer's
+    zero-signal warning quotes it).
     """
     add = _REWARDS.decorator(name)
 
@@ -43,9 +48,16 @@ def register_reward(name: str, *, runs_code: bool = False) -> Callable[[RewardFn
         add(fn)
         if runs_code:
             _RUNS_CODE.add(name)
+        _DESCRIPTIONS[name] = description
         return fn
 
     return decorator
+
+
+def reward_description(name: str) -> str:
+    """What reward ``name`` expects of a completion, in one line ("" if none was registered)."""
+    _REWARDS.get(name)  # an unknown name raises listing the valid ones
+    return _DESCRIPTIONS.get(name, "")
 
 
 def reward_runs_code(name: str) -> bool:
@@ -72,17 +84,32 @@ def available_rewards() -> list[str]:
 
 
 # these already take (completion, answer); their other arguments are keyword-only defaults
-register_reward("math")(functools.partial(math_reward, rule="boxed-or-last-number"))
-register_reward("math-boxed")(functools.partial(math_reward, rule="boxed"))
-register_reward("choice")(choice_reward)
-register_reward("yes_no")(yes_no_reward)
+register_reward(
+    "math",
+    description="a final answer equal to the gold answer: the last \\boxed{...}, or else the "
+    "last number of the answer",
+)(functools.partial(math_reward, rule="boxed-or-last-number"))
+register_reward(
+    "math-boxed",
+    description="a final answer in \\boxed{...} equal to the gold answer (the paper's format)",
+)(functools.partial(math_reward, rule="boxed"))
+register_reward(
+    "choice", description="the gold option letter, in \\boxed{X} or after 'answer is'/'Answer:'"
+)(choice_reward)
+register_reward(
+    "yes_no", description="yes or no, in \\boxed{}, after 'answer is'/'Answer:', or alone"
+)(yes_no_reward)
 
 
-@register_reward("code", runs_code=True)
+@register_reward(
+    "code",
+    runs_code=True,
+    description="a markdown Python code block that passes the gold test code in the sandbox",
+)
 def _code(completion: str, answer: str, *, backend: str | None = None) -> float:
     return code_reward(extract_code_block(completion), answer, backend=backend)
 
 
-@register_reward("format")
+@register_reward("format", description="any non-empty \\boxed{...} (the gold is ignored)")
 def _format(completion: str, answer: str) -> float:
     return format_reward(completion)

@@ -66,8 +66,10 @@ class RolloutStats:
         penalty included) / before it. rewarded: answers with raw reward > 0.
         length_sum: response lengths (EOS included). truncated: answers without EOS.
         reward_errors: answers whose reward function raised or was not finite (they got 0).
-        generated_groups: groups sampled over all rounds. topped_up_groups: dropped groups
-        put back at the round limit. response_tokens: valid response tokens in the batch.
+        generated_groups: groups sampled over all rounds. varied_groups: those of them whose
+        raw rewards were not all equal (the only groups with a learning signal).
+        topped_up_groups: dropped groups put back at the round limit. response_tokens: valid
+        response tokens in the batch.
     """
 
     answers: float
@@ -78,6 +80,7 @@ class RolloutStats:
     truncated: float
     reward_errors: float
     generated_groups: float
+    varied_groups: float
     topped_up_groups: float
     response_tokens: float
 
@@ -88,12 +91,23 @@ class RolloutStats:
 
 
 @dataclass(frozen=True)
+class AnswerSample:
+    """One sampled answer, as text: what a warning shows of a step's rollout."""
+
+    prompt: str
+    completion: str
+    answer: str
+
+
+@dataclass(frozen=True)
 class CollectedBatch:
-    """One step's rollout: this rank's batch, the global sums, and the rounds it took."""
+    """One step's rollout: this rank's batch, the global sums, the rounds it took, and this
+    rank's first sampled answer."""
 
     batch: TrainBatch
     stats: RolloutStats
     rounds: int
+    sample: AnswerSample | None = None
 
     def metrics(self, r: RolloutConfig) -> dict[str, float]:
         """The ``reward/*``, ``response/*`` and ``sampling/*`` rows of ``metrics.jsonl``."""
@@ -144,8 +158,9 @@ def collect_batch(
     n_local = r.questions_per_batch // info.world_size
     kept: list[tuple[Any, torch.Tensor, torch.Tensor]] = []  # (rollout, reward, raw reward)
     dropped: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
-    have = generated = errors = 0
+    have = generated = errors = varied = 0
     rounds = 0
+    sample = None
     while True:
         problems = source.next(r.questions_per_batch)  # identical on every rank
         mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
@@ -159,6 +174,10 @@ def collect_batch(
             )
             raw, errs = score_rewards(reward_fn, roll.completions, roll.answers)
             errors += errs
+            varied += int(dynamic_sampling_keep(raw, G).sum())
+            if sample is None and roll.completions:
+                prompt = roll.prompts[0] if roll.prompts else ""
+                sample = AnswerSample(prompt, roll.completions[0], str(roll.answers[0]))
             reward = raw + overlong_penalty(
                 roll.response_lengths, max_new_tokens, r.overlong_buffer, r.overlong_penalty
             )
@@ -210,7 +229,8 @@ def collect_batch(
         truncated=float((~roll.finished).sum()),
         reward_errors=float(errors),
         generated_groups=float(generated),
+        varied_groups=float(varied),
         topped_up_groups=float(topped_up),
         response_tokens=float(roll.response_mask.sum()),
     )
-    return CollectedBatch(batch.to(device), stats.reduced(info), rounds)
+    return CollectedBatch(batch.to(device), stats.reduced(info), rounds, sample)

@@ -96,14 +96,17 @@ class DataConfig:
     dataset: str | None = _f(
         None,
         "Training questions (overrides data.task): a benchmark of gmts.data.benchmarks (e.g. "
-        "math12k, read from $GMTS_DATA_DIR or ../shared/data) or a .jsonl/.jsonl.gz/.json/"
-        ".parquet file.",
+        "math12k: from $GMTS_DATA_DIR, else the Hugging Face Hub) or a .jsonl/.jsonl.gz/.json/"
+        ".parquet file. Prompts and answers must be encodable by the model's tokenizer (the "
+        "embedded model reads only 0123456789+-*=>; checked before training).",
     )
     split: str | None = _f(None, "Benchmark split for data.dataset (null: its default).")
     question_field: str = _f("problem", "Question field of a dataset file (not benchmarks).")
     answer_field: str = _f("answer", "Answer field of a dataset file (not benchmarks).")
     reward: str = _f(
-        "math", "Reward from gmts.rewards for data.dataset: math, choice, yes_no, code, format."
+        "math",
+        "Reward from gmts.rewards for data.dataset: math, choice, yes_no, code, format, exact "
+        "(the completion is the answer), or one a --plugin registered.",
     )
     template: str | None = _f(
         "math",
@@ -117,7 +120,16 @@ class DataConfig:
         "filesystem/network/process isolation: explicit opt-in). null: $GMTS_SANDBOX, else bwrap.",
     )
     shuffle: bool = _f(True, "Shuffle the dataset each pass (seeded by the run seed).")
-    eval_questions: int = _f(100, "Held-out questions for the built-in task's evaluation.")
+    eval_dataset: str | None = _f(
+        None,
+        "Held-out questions for dataset training: a benchmark of gmts.data.benchmarks (its "
+        "default split, e.g. math500) or a file read like data.dataset (same fields, template "
+        "and reward); evaluated as the built-in task's held-out set is (eval.jsonl: "
+        "average@k, pass@k; data.eval_* below). null: no held-out evaluation.",
+    )
+    eval_questions: int = _f(
+        100, "Held-out questions evaluated: the built-in task's, or the first N of eval_dataset."
+    )
     eval_samples: int = _f(16, "Samples per held-out question (average@k and pass@k, k = this).")
     eval_every: int = _f(0, "Evaluate every N steps (0: only before and after training).")
     eval_before: bool = _f(True, "Evaluate the starting policy before the first step.")
@@ -149,6 +161,11 @@ class DataConfig:
             self.sandbox in (None, *SANDBOX_BACKENDS),
             "data.sandbox",
             f"expected one of {SANDBOX_BACKENDS} or null, got {self.sandbox!r}",
+        )
+        _check(
+            self.eval_dataset is None or self.dataset is not None,
+            "data.eval_dataset",
+            "needs data.dataset (training on data.task evaluates on the task's own held-out set)",
         )
         _check(self.eval_questions >= 0, "data.eval_questions", "must be >= 0")
         _check(self.eval_samples >= 1, "data.eval_samples", "must be >= 1")

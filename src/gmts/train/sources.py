@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,10 +49,16 @@ class TaskSource:
 
 
 def load_examples(
-    dataset: str, *, split: str | None, question_field: str, answer_field: str
+    dataset: str,
+    *,
+    split: str | None,
+    question_field: str,
+    answer_field: str,
+    what: str = "data.dataset",
 ) -> list[tuple[str, str]]:
     """(question, answer) pairs of a registered benchmark (``gmts.data.benchmarks``, e.g.
-    ``math12k``) or of a local .jsonl / .jsonl.gz / .json / .parquet file."""
+    ``math12k``) or of a local .jsonl / .jsonl.gz / .json / .parquet file; errors name
+    ``what`` (the config key)."""
     from gmts.data import datasets as ds
     from gmts.data.benchmarks import available_benchmarks, load_benchmark
 
@@ -59,17 +66,16 @@ def load_examples(
         try:
             examples = load_benchmark(dataset, split=split)
         except FileNotFoundError as exc:
-            raise ValueError(f"data.dataset: {exc}") from None
+            raise ValueError(f"{what}: {exc}") from None
     else:
         if not Path(dataset).is_file():
             raise ValueError(
-                f"data.dataset: {dataset!r} is neither a file nor a benchmark "
-                f"({available_benchmarks()})"
+                f"{what}: {dataset!r} is neither a file nor a benchmark ({available_benchmarks()})"
             )
         try:
             examples = ds.load_jsonl_dataset(dataset, question_field, answer_field)
         except ValueError as exc:
-            raise ValueError(f"data.dataset: {exc}") from None
+            raise ValueError(f"{what}: {exc}") from None
     return [(ex.question, ex.answer) for ex in examples]
 
 
@@ -77,7 +83,9 @@ class DatasetSource:
     """Questions of a dataset file, rendered with a prompt template, in seeded shuffled passes.
 
     Prompts longer than ``max_prompt_tokens`` are dropped once at load time
-    (``skipped_too_long`` counts them; ``longest_prompt`` is the longest kept, in tokens).
+    (``skipped_too_long`` counts them; ``longest_prompt`` is the longest kept, in tokens). A
+    prompt or answer holding characters the tokenizer cannot encode (the embedded model's)
+    raises ValueError naming them and the characters it knows. Errors name ``what``.
     """
 
     def __init__(
@@ -89,10 +97,12 @@ class DatasetSource:
         max_prompt_tokens: int,
         shuffle: bool,
         seed: int,
+        what: str = "data.dataset",
     ) -> None:
         if not examples:
-            raise ValueError("data.dataset: no examples")
+            raise ValueError(f"{what}: no examples")
         from gmts.data.prompts import format_prompt
+        from gmts.train.alphabet import check_encodable
 
         problems = [
             Problem(
@@ -104,13 +114,20 @@ class DatasetSource:
             for question, answer in examples
         ]
         encoded = tokenizer([p.prompt for p in problems], add_special_tokens=False)["input_ids"]
+        check_encodable(
+            tokenizer,
+            [p.prompt for p in problems],
+            [p.answer for p in problems],
+            what=what,
+            prompt_ids=encoded,
+        )
         lengths = [len(ids) for ids in encoded]  # as the sampler encodes them
         self.problems = [p for p, n in zip(problems, lengths) if n <= max_prompt_tokens]
         self.skipped_too_long = len(problems) - len(self.problems)
         self.longest_prompt = max((n for n in lengths if n <= max_prompt_tokens), default=0)
         if not self.problems:
             raise ValueError(
-                f"data.dataset: every prompt is longer than rollout.max_prompt_length "
+                f"{what}: every prompt is longer than rollout.max_prompt_length "
                 f"({max_prompt_tokens} tokens)"
             )
         self.shuffle = shuffle
@@ -143,6 +160,60 @@ class DatasetSource:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self._order = self._make_order()
+
+
+@dataclass(frozen=True)
+class HeldOutSet:
+    """The held-out questions of ``data.eval_dataset`` and how they are scored: what the
+    trainer's periodic evaluation samples (the interface of a built-in task there:
+    ``held_out(n)``, ``reward``, ``max_new_tokens``).
+
+    Attributes:
+        problems: the rendered prompts and gold answers, in file order.
+        reward_fn: ``data.reward``'s function.
+        max_new_tokens: the training budget.
+        longest_prompt: the longest prompt in tokens.
+    """
+
+    problems: list[Problem]
+    reward_fn: RewardFn
+    max_new_tokens: int
+    longest_prompt: int
+
+    def held_out(self, n: int) -> list[Problem]:
+        return self.problems[:n]
+
+    def reward(self, completion: str, answer: str) -> float:
+        """The reward; one that raises or is not finite scores 0, as in training."""
+        from gmts.train.collect import score_rewards
+
+        return float(score_rewards(self.reward_fn, [completion], [answer])[0][0])
+
+
+def held_out_set(
+    examples: list[tuple[str, str]],
+    *,
+    questions: int,
+    tokenizer: Any,
+    template: str | None,
+    max_prompt_tokens: int,
+    reward_fn: RewardFn,
+    max_new_tokens: int,
+) -> HeldOutSet:
+    """The first ``questions`` examples of ``data.eval_dataset`` that fit
+    ``max_prompt_tokens``, rendered as the training prompts are."""
+    rendered = DatasetSource(
+        examples,
+        tokenizer=tokenizer,
+        template=template,
+        max_prompt_tokens=max_prompt_tokens,
+        shuffle=False,
+        seed=0,
+        what="data.eval_dataset",
+    )
+    return HeldOutSet(
+        rendered.problems[:questions], reward_fn, max_new_tokens, rendered.longest_prompt
+    )
 
 
 def dataset_reward(name: str, *, sandbox: str | None = None) -> RewardFn:

@@ -73,12 +73,15 @@ from gmts.train.preemption import (
     write_marker,
 )
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
+from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, ZeroSignalWatch
 from gmts.train.sources import (
     DatasetSource,
+    HeldOutSet,
     QuestionSource,
     RewardFn,
     TaskSource,
     dataset_reward,
+    held_out_set,
     load_examples,
 )
 from gmts.train.update import (
@@ -146,23 +149,42 @@ class Trainer:
 
         # Data and rewards first: a bad dataset or reward fails before any model is loaded.
         self.task = None
-        examples = None
+        self.held_out: HeldOutSet | None = None  # data.eval_dataset's questions
+        examples = eval_examples = None
         if cfg.data.dataset is None:
             from gmts.embedded.tasks import get_task
 
             self.task = get_task(cfg.data.task)
             self.source: QuestionSource = TaskSource(self.task, cfg.seed)
             self.reward_fn = reward_fn or self.task.reward
+            self.reward_expects = (f"data.task={self.task.name}", self.task.reward_description)
             self.max_new_tokens = r.max_response_length or self.task.max_new_tokens
         else:
             self.reward_fn = reward_fn or dataset_reward(cfg.data.reward, sandbox=cfg.data.sandbox)
+            from gmts.rewards.registry import reward_description
+
+            self.reward_expects = (
+                f"data.reward={cfg.data.reward}",
+                reward_description(cfg.data.reward),
+            )
             examples = load_examples(
                 cfg.data.dataset,
                 split=cfg.data.split,
                 question_field=cfg.data.question_field,
                 answer_field=cfg.data.answer_field,
             )
+            if cfg.data.eval_dataset is not None:
+                eval_examples = load_examples(
+                    cfg.data.eval_dataset,
+                    split=None,
+                    question_field=cfg.data.question_field,
+                    answer_field=cfg.data.answer_field,
+                    what="data.eval_dataset",
+                )
             self.max_new_tokens = r.max_response_length or DATASET_MAX_NEW_TOKENS
+        if reward_fn is not None:
+            self.reward_expects = ("the reward_fn given to the trainer", "")
+        self._signal_watch: ZeroSignalWatch | None = None  # made at the first step (rank 0)
 
         # The model: rank 0 builds/caches the embedded warm start first, then the others.
         if self.info.is_main:
@@ -182,6 +204,16 @@ class Trainer:
                 max_prompt_tokens=r.max_prompt_length,
                 shuffle=cfg.data.shuffle,
                 seed=cfg.seed,
+            )
+        if eval_examples is not None and cfg.data.eval_questions > 0:
+            self.held_out = held_out_set(
+                eval_examples,
+                questions=cfg.data.eval_questions,
+                tokenizer=self.tokenizer,
+                template=cfg.data.template,
+                max_prompt_tokens=r.max_prompt_length,
+                reward_fn=self.reward_fn,
+                max_new_tokens=self.max_new_tokens,
             )
 
         # Before any weight is read: do the LoRA targets exist, does the longest prompt + the
@@ -314,7 +346,7 @@ class Trainer:
         limit = context_limit(model_config, self.tokenizer, where=path)
         if isinstance(self.source, DatasetSource):
             src = self.source
-            longest = src.longest_prompt
+            longest = max(src.longest_prompt, self.held_out.longest_prompt if self.held_out else 0)
             kept = len(src.problems)
             what = (
                 f"data.dataset {cfg.data.dataset} ({kept} prompts kept; "
@@ -399,6 +431,7 @@ class Trainer:
         t0 = time.perf_counter()
         # 1. Rollout: G answers per question, rewards, DAPO dynamic sampling, advantages.
         collected = self.collect(step)
+        self._watch_signal(collected, step)
         t_rollout = time.perf_counter() - t0
         rollout = collected.batch
         # 2. Reference log-probs (KL only): the frozen starting policy, no grad.
@@ -482,6 +515,19 @@ class Trainer:
                     opt_step += 1
         step_time = time.perf_counter() - t0
         return self._metrics(collected, batch, updates, overlaps, t_rollout, step_time)
+
+    def _watch_signal(self, collected: CollectedBatch, step: int) -> None:
+        """Rank 0: warn once when the run's first steps have no group of differing rewards
+        (:mod:`gmts.train.signal_watch`)."""
+        if not self.info.is_main:
+            return
+        if self._signal_watch is None:
+            self._signal_watch = ZeroSignalWatch(
+                *self.reward_expects,
+                dynamic_sampling=bool(self.cfg.rollout.dynamic_sampling),
+                steps=min(ZERO_SIGNAL_STEPS, self.cfg.optim.steps - step),
+            )
+        self._signal_watch.observe(collected)
 
     def _overlap(
         self,
@@ -567,10 +613,13 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation, saving
 
     def evaluate(self) -> dict[str, float] | None:
-        """average@k / pass@k on the task's held-out questions (rank 0; None for datasets)."""
+        """average@k / pass@k on the held-out questions (rank 0): the task's, or those of
+        ``data.eval_dataset``; None without any."""
         d = self.cfg.data
-        if self.task is None or d.eval_questions == 0:
+        target = self.task if self.task is not None else self.held_out
+        if target is None or d.eval_questions == 0:
             return None
+        questions = d.eval_questions if self.held_out is None else len(self.held_out.problems)
         result = None
         with self.strategy.sampling(self.model):  # every rank enters; rank 0 samples
             if self.info.is_main:
@@ -579,8 +628,8 @@ class Trainer:
                 result = held_out_metrics(
                     self.model,
                     self.tokenizer,
-                    self.task,
-                    n_questions=d.eval_questions,
+                    target,
+                    n_questions=questions,
                     k=d.eval_samples,
                     seed=self.cfg.seed,
                     batch_size=self.cfg.rollout.generation_batch_size,
