@@ -86,6 +86,8 @@ class Benchmark:
         max_new_tokens: default generation budget.
         keep: optional row filter per split (MBPP selects task-id ranges from one file).
         hub: split name -> its copy on the Hugging Face Hub, read when no data folder has it.
+        generate: ``split -> rows`` for a benchmark made by code (:mod:`gmts.data.generated`):
+            its rows come from there, never from a folder or the hub.
     """
 
     name: str
@@ -99,6 +101,7 @@ class Benchmark:
     max_new_tokens: int = 2048
     keep: Callable[[dict[str, Any], str], bool] | None = None
     hub: Mapping[str, HubSource] = field(default_factory=dict)
+    generate: Callable[[str], Iterable[dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         if self.decoding not in ("sample", "greedy"):
@@ -370,6 +373,8 @@ def _split_records(
     spec: Benchmark, split: str, data_dir: str | os.PathLike | None
 ) -> tuple[Iterable[dict[str, Any]], RowParser | None]:
     """The rows of one split and their parser, from the first place that has them."""
+    if spec.generate is not None:  # made by code: nothing to find
+        return spec.generate(split), spec.parse_row
     relative = spec.splits[split]
     if Path(relative).is_absolute():  # a user's own file
         return read_records(relative), spec.parse_row
@@ -420,3 +425,7 @@ def _load_from_hub(source: HubSource) -> Iterable[dict[str, Any]]:
     except ImportError as error:
         raise ImportError("the `datasets` package is missing: pip install 'gmts[data]'") from error
     return hf_datasets.load_dataset(hub_location(source), source.config, split=source.split)
+
+
+# benchmarks made by code register themselves on import
+import gmts.data.generated  # noqa: E402, F401
