@@ -267,8 +267,9 @@ def core(preset: str, algorithm: str) -> Cell:
 
 def trainer(preset: str, algorithm: str) -> Cell:
     """The standalone trainer's mini-batch step as ``Trainer.train_step`` runs it
-    (``select_minibatch`` then ``update_minibatch``), with the model forward replaced by the
-    fixed log-probs through the trainer's forward seam, a ``TokenScorer`` stand-in
+    (``train_minibatch``: the current policy's scores, ``select_minibatch``, then
+    ``update_minibatch``), with the model forward replaced by the fixed log-probs through the
+    trainer's forward seam, a ``TokenScorer`` stand-in
     (micro-batches of 2 rows; the "trl" preset's unit, a micro-batch, is then the whole batch,
     as in the TRL engine here)."""
     return trainer_cell(objective(algorithm), selection(preset))
@@ -283,7 +284,7 @@ def trainer_cell(
     from gmts.scale.precision import Precision
     from gmts.scale.strategy import Replicate
     from gmts.train.batch import ScoredBatch
-    from gmts.train.update import select_minibatch, update_minibatch
+    from gmts.train.update import train_minibatch
 
     batch = fixed_batch() if batch is None else batch
     leaf = batch.logprobs.clone().requires_grad_(True)
@@ -314,20 +315,19 @@ def trainer_cell(
     scorer, info = FixedScorer(), DistInfo()
     micro = B if cfg.unit == "micro-batch" else 2
     model = torch.nn.Linear(1, 1)
-    current = scorer.no_grad(model, train_batch)  # the current policy's scores
-    selected = select_minibatch(
-        train_batch, current, cfg, obj, micro_batch_size=micro, info=info, step=0
-    )
-    result = update_minibatch(
+    result = train_minibatch(
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
         train_batch,
-        selected,
         scorer=scorer,
+        selection=cfg,
         loss=gmts.LossConfig.of(obj, cfg, horizon=T),
         micro_batch_size=micro,
         grad_clip=None,
         strategy=Replicate(info, Precision(), torch.device("cpu")),
+        step=0,
+        policy_changed=True,  # the current policy's scores: the fixed log-probs, not the old
+        overlap=False,
     )
     return Cell(result.loss, leaf.grad)
 

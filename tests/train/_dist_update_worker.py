@@ -41,7 +41,7 @@ def main() -> None:
     current = scorer.no_grad(model, mine, micro_batch_size=3)
     selected = select_minibatch(
         mine, current, selection, objective, micro_batch_size=3, info=info, step=0
-    )
+    ).selected
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     result = update_minibatch(
         model,

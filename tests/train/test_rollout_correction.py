@@ -4,6 +4,7 @@ still the coefficient of each token's gradient (autograd proves it at both level
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -103,22 +104,22 @@ def test_the_score_is_the_coefficient_of_the_weighted_gradient(level, objective)
     if objective == "gspo-token":
         obj = gmts.ObjectiveConfig(ratio_level="sequence-token", clip_low=0.05, clip_high=0.07)
     correction = RolloutCorrection(level, 1.4)
+    weights = correction.weights(batch.old_logprobs, batch.engine_logprobs, batch.response_mask)
+    weighted = dataclasses.replace(batch, importance_weights=weights)  # as rollout.scored does
     selection = gmts.SelectionConfig(ratio=0.3, zero_scores="select")
     info = DistInfo()
     leaf = current.clone().requires_grad_(True)
     scorer = _FixedScorer(leaf, batch.old_entropy)
     current_stats = scorer.no_grad(None, batch)
     selected = select_minibatch(
-        batch,
+        weighted,
         current_stats,
         selection,
         obj,
         micro_batch_size=2,
         info=info,
         step=0,
-        correction=correction,
-    )
-    weights = correction.weights(batch.old_logprobs, batch.engine_logprobs, batch.response_mask)
+    ).selected
     mask = batch.response_mask
 
     # omega by autograd of the weighted per-token loss (token-mean, no selection): -dL/dlp * N
@@ -140,21 +141,20 @@ def test_the_score_is_the_coefficient_of_the_weighted_gradient(level, objective)
     update_minibatch(
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
-        batch,
+        weighted,
         selected,
         scorer=scorer,
         loss=gmts.LossConfig.of(obj, selection),
         micro_batch_size=2,
         grad_clip=None,
         strategy=Replicate(info, Precision(), torch.device("cpu")),
-        correction=correction,
     )
     s = int(selected.sum())
     torch.testing.assert_close(leaf.grad, torch.where(selected, -omega / s, 0.0))
     # the weights changed the selection: without them it would differ here
     plain = select_minibatch(
         batch, current_stats, selection, obj, micro_batch_size=2, info=info, step=0
-    )
+    ).selected
     assert not torch.equal(plain, selected)
 
 

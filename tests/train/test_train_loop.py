@@ -14,7 +14,7 @@ import torch
 from gmts.train import checkpoint as ckpt
 from gmts.train.metrics_log import read_metrics
 from gmts.train.trainer import Trainer, train
-from gmts.train.update import select_minibatch, update_in_one_pass, update_minibatch
+from gmts.train.update import select_minibatch, update_minibatch
 
 _spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
 _tiny = importlib.util.module_from_spec(_spec)
@@ -92,7 +92,7 @@ def _select_and_update(model, optimizer, batch, objective, selection, micro):
     current = scorer.no_grad(model, batch, micro_batch_size=micro)
     selected = select_minibatch(
         batch, current, selection, objective, micro_batch_size=micro, info=info, step=0
-    )
+    ).selected
     result = update_minibatch(
         model,
         optimizer,
@@ -256,8 +256,9 @@ def test_dataset_training_with_template_and_position(tiny_dir, tmp_path):
 
 def test_update_in_one_pass_equals_scoring_then_updating(tiny_dir):
     """With one micro-batch and the rollout policy, the loss's own forward pass supplies the
-    old log-probs: same old statistics, selection, loss, token sums and update as a separate
-    no-grad pass followed by select_minibatch + update_minibatch."""
+    old log-probs (``update_minibatch(forward=...)``, as ``Trainer.train_step`` runs it): same
+    old statistics, selection, loss, token sums and update as a separate no-grad pass followed
+    by select_minibatch + update_minibatch."""
     from gmts.core.config import SelectionConfig
     from gmts.core.loss import LossConfig
     from gmts.scale.distributed import DistInfo
@@ -275,17 +276,23 @@ def test_update_in_one_pass_equals_scoring_then_updating(tiny_dir):
     model, scored, cfg = _fixed_batch(tiny_dir)
     rollout = TrainBatch(*(getattr(scored, f) for f in TrainBatch.__dataclass_fields__))
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    one_pass, batch, selected_one = update_in_one_pass(
+    scorer, info = TokenScorer(), DistInfo()
+    forward = scorer(model, rollout)  # with gradients: the old statistics and the loss's
+    batch = rollout.scored(forward, None)
+    selected_one = select_minibatch(
+        batch, batch.old, selection, cfg.objective, micro_batch_size=16, info=info, step=0
+    ).selected
+    one_pass = update_minibatch(
         model,
         opt,
-        rollout,
-        None,
-        scorer=TokenScorer(),
-        selection=selection,
+        batch,
+        selected_one,
+        scorer=scorer,
         loss=LossConfig.of(cfg.objective, selection),
+        micro_batch_size=16,
         grad_clip=1.0,
-        strategy=Replicate(DistInfo(), Precision(), torch.device("cpu")),
-        step=0,
+        strategy=Replicate(info, Precision(), torch.device("cpu")),
+        forward=forward,
     )
     assert torch.allclose(batch.old_logprobs, scored.old_logprobs, atol=1e-6, rtol=0)
     assert torch.equal(selected_one, selected)

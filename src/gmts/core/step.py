@@ -11,7 +11,7 @@ from gmts.core import distributed as dist_utils
 from gmts.core.config import SelectionConfig
 from gmts.core.loss import applied_aggregation
 from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
-from gmts.core.scores import ScoreInputs, compute_scores, score_requirements
+from gmts.core.scores import ScoreInputs, available_scores, compute_scores, score_requirements
 from gmts.core.selection import select_tokens, selection_threshold
 
 __all__ = ["SelectionResult", "select_for_update"]
@@ -29,11 +29,14 @@ class SelectionResult:
         scores: ``(B, T)`` detached scores, or None for score='none'.
         threshold: the global score threshold (smallest selected score; largest for bottom
             selection), nan if nothing was selected, None for score='none'.
+        compared: ``(B, T)`` bool: the selection score ``compare_with`` makes with the same
+            settings and inputs (None when none was asked for, and for score='none').
     """
 
     selected: torch.Tensor | None
     scores: torch.Tensor | None
     threshold: float | None
+    compared: torch.Tensor | None = None
 
 
 def select_for_update(
@@ -51,6 +54,7 @@ def select_for_update(
     process_group: Any = None,
     step: int = 0,
     importance_weights: torch.Tensor | None = None,
+    compare_with: str | None = None,
 ) -> SelectionResult:
     """Score the tokens with ``config.score`` and select the top (or bottom) ``config.ratio``.
 
@@ -76,14 +80,22 @@ def select_for_update(
             per-rank offset under a process group).
         importance_weights: ``(B,)``/``(B, 1)``/``(B, T)`` rollout-correction weights that the
             loss multiplies into the policy term (folded into omega), or None.
+        compare_with: another score name: ``compared`` is then the selection that
+            ``config`` with that score would make (for an overlap metric), from the same
+            inputs (omega computed once when both read it): one more score and top-k, equal to
+            a second call with ``dataclasses.replace(config, score=compare_with)``.
     """
     if not isinstance(config, SelectionConfig):
         raise ValueError(f"config must be a SelectionConfig, got {type(config).__name__}")
     if not isinstance(objective, ObjectiveConfig):
         raise ValueError(f"objective must be an ObjectiveConfig, got {type(objective).__name__}")
+    if compare_with is not None and compare_with not in available_scores():
+        raise ValueError(f"compare_with must be one of {available_scores()}, got {compare_with!r}")
     if not config.enabled:
         return SelectionResult(selected=None, scores=None, threshold=None)
     needs = score_requirements(config.score)
+    if compare_with is not None:
+        needs = needs | score_requirements(compare_with)
     omega = None
     if "omega" in needs:
         omega = gradient_coefficient(
@@ -115,6 +127,26 @@ def select_for_update(
         seed=seed,
     )
     scores = compute_scores(config.score, inputs)
+    selected = _top(config, scores, response_mask, group_ids, process_group)
+    threshold = selection_threshold(
+        scores, selected, largest=config.largest, process_group=process_group
+    )
+    compared = None
+    if compare_with is not None:
+        other = compute_scores(compare_with, inputs)
+        compared = _top(config, other, response_mask, group_ids, process_group)
+    return SelectionResult(selected=selected, scores=scores, threshold=threshold, compared=compared)
+
+
+def _top(
+    config: SelectionConfig,
+    scores: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None,
+    process_group: Any,
+) -> torch.Tensor:
+    """The ``(B, T)`` bool selection of ``scores`` by ``config``'s ratio, scope, count, ties
+    and zero-score rule (global over ``process_group``)."""
     selected = select_tokens(
         scores,
         response_mask,
@@ -131,7 +163,4 @@ def select_for_update(
         # carry gradient); a bottom selection takes zeros first, as the smallest gradients
         # there are, and eq. 2 counts them in S (docs/semantics.md section 4)
         selected = selected & (scores != 0)
-    threshold = selection_threshold(
-        scores, selected, largest=config.largest, process_group=process_group
-    )
-    return SelectionResult(selected=selected, scores=scores, threshold=threshold)
+    return selected

@@ -20,6 +20,7 @@ import torch
 
 from gmts.core.logprobs import TokenStatistics
 from gmts.sampling.sequences import PromptResponse
+from gmts.train.correction import RolloutCorrection
 
 _Batch = TypeVar("_Batch", bound="TrainBatch")
 
@@ -82,16 +83,29 @@ class TrainBatch(PromptResponse):
         """A copy with every tensor on ``device``."""
         return self._map(lambda t: t.to(device))
 
-    def scored(self, old: TokenStatistics, ref_logprobs: torch.Tensor | None) -> ScoredBatch:
-        """This batch with the rollout policy's ``(B, T)`` statistics and the reference
-        log-probs (None without a KL term)."""
+    def scored(
+        self,
+        old: TokenStatistics,
+        ref_logprobs: torch.Tensor | None,
+        correction: RolloutCorrection | None = None,
+    ) -> ScoredBatch:
+        """This batch with the rollout policy's ``(B, T)`` statistics (detached), the reference
+        log-probs (None without a KL term) and, with a rollout ``correction`` on, its weights
+        pi_old / pi_engine, computed here once for every mini-batch and epoch of the step."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainBatch)}
+        old_logprobs = old.logprobs.detach()
+        weights = None
+        if correction is not None:
+            weights = correction.weights(old_logprobs, self.engine_logprobs, self.response_mask)
         return ScoredBatch(
             **fields,
-            old_logprobs=old.logprobs.detach(),
-            old_entropy=old.entropy,
-            old_logit_grad_norm=old.logit_grad_norm,
+            old_logprobs=old_logprobs,
+            old_entropy=old.entropy.detach(),
+            old_logit_grad_norm=(
+                None if old.logit_grad_norm is None else old.logit_grad_norm.detach()
+            ),
             ref_logprobs=ref_logprobs,
+            importance_weights=weights,
         )
 
     def _map(self: _Batch, fn: Any) -> _Batch:
@@ -110,12 +124,16 @@ class ScoredBatch(TrainBatch):
         old_logprobs, old_entropy: ``(B, T)`` float32 under the rollout policy (no grad).
         old_logit_grad_norm: ``(B, T)``, or None when no score reads it.
         ref_logprobs: ``(B, T)`` under the frozen reference, or None (no KL term).
+        importance_weights: ``(B, T)`` the rollout correction's detached weights
+            (:class:`gmts.train.correction.RolloutCorrection`), or None when it is off: the
+            selection folds them into omega and the loss into its policy term.
     """
 
     old_logprobs: torch.Tensor = field(kw_only=True)
     old_entropy: torch.Tensor = field(kw_only=True)
     old_logit_grad_norm: torch.Tensor | None = field(default=None, kw_only=True)
     ref_logprobs: torch.Tensor | None = field(default=None, kw_only=True)
+    importance_weights: torch.Tensor | None = field(default=None, kw_only=True)
 
     @property
     def old(self) -> TokenStatistics:

@@ -5,11 +5,12 @@ One training step is ``Trainer.train_step``, readable top to bottom:
     1. rollout (collect.py): G samples per question, rewards (a raising reward fn gives 0 and
        is counted) [+ DAPO overlong punishment], DAPO dynamic sampling, group advantages
     2. reference log-probs if KL (scoring.py, no grad)
-    3. the rollout policy's log-probs and entropies (no grad, micro-batched)
-    4. for each epoch, for each mini-batch: scores of the current policy, ONE global
-       selection (update.select_minibatch), then update.update_minibatch: one global divisor,
-       micro-batched backward, one optimizer step
-    (3 and 4 fuse into update.update_in_one_pass for one update on one micro-batch)
+    3. the rollout policy's log-probs and entropies (no grad, micro-batched; one update on
+       one micro-batch: that update's own forward, whose loss reuses it) and the rollout
+       correction's weights, once
+    4. for each epoch, for each mini-batch (update.train_minibatch): scores of the current
+       policy, ONE global selection, one global divisor, micro-batched backward, one
+       optimizer step
 
 Departures from the paper and why (see docs/training.md for the full list):
 - mini-batches are taken in order (no shuffling) so that groups stay whole and runs are
@@ -36,7 +37,6 @@ import torch
 
 from gmts.configuration import to_dict
 from gmts.core.distributed import all_reduce_sum
-from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig
 from gmts.models.context import check_fits, context_limit, longest_prompt
 from gmts.models.loading import (
@@ -84,15 +84,7 @@ from gmts.train.sources import (
     held_out_set,
     load_examples,
 )
-from gmts.train.update import (
-    Overlap,
-    UpdateResult,
-    select_minibatch,
-    selection_overlap,
-    update_in_one_pass,
-    update_metrics,
-    update_minibatch,
-)
+from gmts.train.update import UpdateResult, train_minibatch, update_metrics
 
 
 @dataclass
@@ -265,7 +257,7 @@ class Trainer:
         self.rows_per_minibatch = cfg.mini_batch_questions // world * r.group_size
         rows_per_rank = r.questions_per_batch // world * r.group_size
         # One update per rollout on one micro-batch: the loss's own forward can give the old
-        # log-probs (update_in_one_pass) instead of a separate no-grad pass.
+        # log-probs (train_step, step 3) instead of a separate no-grad pass.
         self.single_pass = (
             self.minibatches == 1
             and cfg.optim.epochs == 1
@@ -438,83 +430,47 @@ class Trainer:
         ref = None
         if self.ref_model is not None:
             ref = self.scorer.no_grad(self.ref_model, rollout, micro_batch_size=micro).logprobs
+        # 3. The rollout policy's log-probs and entropies (pi_old) and the rollout correction's
+        #    weights, once. One update on one micro-batch: that update's own forward, with
+        #    gradients, made here and reused by its loss; otherwise a no-grad pass.
+        grad_norms = needs_logit_grad_norm(cfg.selection)
+        forward = None
+        if self.single_pass:
+            forward = self.scorer(self.model, rollout, logit_grad_norm=grad_norms)
+            old = forward
+        else:
+            old = self.scorer.no_grad(
+                self.model, rollout, micro_batch_size=micro, logit_grad_norm=grad_norms
+            )
+        batch = rollout.scored(old, ref, self.correction)
+        # 4. For each epoch, for each mini-batch (consecutive rows, groups whole): the current
+        #    policy's scores, ONE global selection, one global divisor, micro-batched
+        #    backward, one optimizer step (update.train_minibatch).
         opt_step = step * self.minibatches * cfg.optim.epochs  # seeds the random score
         updates: list[UpdateResult] = []
-        overlaps: list[Overlap] = []
-        if self.single_pass:
-            # 3-4 in one forward: the policy is the rollout policy, one micro-batch.
-            result, batch, selected = update_in_one_pass(
-                self.model,
-                self.optimizer,
-                rollout,
-                ref,
-                scorer=self.scorer,
-                selection=cfg.selection,
-                loss=self.loss,
-                grad_clip=cfg.optim.grad_clip,
-                strategy=self.strategy,
-                step=opt_step,
-                correction=self.correction,
-            )
-            updates.append(result)
-            self._advance_schedule()
-            overlaps += self._overlap(batch, batch.old, selected, opt_step)
-        else:
-            # 3. The rollout policy's log-probs and entropies, no grad, micro-batched.
-            old = self.scorer.no_grad(
-                self.model,
-                rollout,
-                micro_batch_size=micro,
-                logit_grad_norm=needs_logit_grad_norm(cfg.selection),
-            )
-            batch = rollout.scored(old, ref)
-            # 4. For each epoch, for each mini-batch (consecutive rows, groups whole):
-            for epoch in range(cfg.optim.epochs):
-                for i in range(self.minibatches):
-                    rows = slice(i * self.rows_per_minibatch, (i + 1) * self.rows_per_minibatch)
-                    minibatch = batch.rows(rows)
-                    selected = None
-                    if cfg.selection.enabled:
-                        # scores of the CURRENT policy: the rollout's until a step changes it
-                        current = minibatch.old
-                        if (epoch, i) != (0, 0):
-                            current = self.scorer.no_grad(
-                                self.model,
-                                minibatch,
-                                micro_batch_size=micro,
-                                logit_grad_norm=needs_logit_grad_norm(cfg.selection),
-                            )
-                        # ONE selection over the whole mini-batch, global across ranks
-                        selected = select_minibatch(
-                            minibatch,
-                            current,
-                            cfg.selection,
-                            cfg.objective,
-                            micro_batch_size=micro,
-                            info=self.info,
-                            step=opt_step,
-                            correction=self.correction,
-                        )
-                        overlaps += self._overlap(minibatch, current, selected, opt_step)
-                    # one global divisor, micro-batched backward, one optimizer step
-                    updates.append(
-                        update_minibatch(
-                            self.model,
-                            self.optimizer,
-                            minibatch,
-                            selected,
-                            scorer=self.scorer,
-                            loss=self.loss,
-                            micro_batch_size=micro,
-                            grad_clip=cfg.optim.grad_clip,
-                            strategy=self.strategy,
-                            correction=self.correction,
-                        )
-                    )
-                    self._advance_schedule()
-                    opt_step += 1
+        for epoch in range(cfg.optim.epochs):
+            for i in range(self.minibatches):
+                rows = slice(i * self.rows_per_minibatch, (i + 1) * self.rows_per_minibatch)
+                result = train_minibatch(
+                    self.model,
+                    self.optimizer,
+                    batch.rows(rows),
+                    scorer=self.scorer,
+                    selection=cfg.selection,
+                    loss=self.loss,
+                    micro_batch_size=micro,
+                    grad_clip=cfg.optim.grad_clip,
+                    strategy=self.strategy,
+                    step=opt_step,
+                    policy_changed=(epoch, i) != (0, 0),
+                    overlap=cfg.logging.overlap_metrics,
+                    forward=forward,
+                )
+                updates.append(result)
+                self._advance_schedule()
+                opt_step += 1
         step_time = time.perf_counter() - t0
-        return self._metrics(collected, batch, updates, overlaps, t_rollout, step_time)
+        return self._metrics(collected, batch, updates, t_rollout, step_time)
 
     def _watch_signal(self, collected: CollectedBatch, step: int) -> None:
         """Rank 0: warn once when the run's first steps have no group of differing rewards
@@ -529,29 +485,6 @@ class Trainer:
             )
         self._signal_watch.observe(collected)
 
-    def _overlap(
-        self,
-        batch: ScoredBatch,
-        current: TokenStatistics,
-        selected: torch.Tensor | None,
-        opt_step: int,
-    ) -> list[Overlap]:
-        """``[Overlap]`` of the selection with its GMTS/ETS partner when logged, else []."""
-        if selected is None or not self.cfg.logging.overlap_metrics:
-            return []
-        overlap = selection_overlap(
-            batch,
-            current,
-            selected,
-            self.cfg.selection,
-            self.cfg.objective,
-            micro_batch_size=self.cfg.optim.micro_batch_size,
-            info=self.info,
-            step=opt_step,
-            correction=self.correction,
-        )
-        return [] if overlap is None else [overlap]
-
     def _advance_schedule(self) -> None:
         with warnings.catch_warnings():  # a skipped (non-finite) step still advances
             warnings.simplefilter("ignore", UserWarning)
@@ -560,11 +493,10 @@ class Trainer:
     def _correction_metrics(self, batch: ScoredBatch) -> dict[str, float]:
         """``rollout/is_weight_mean`` and ``rollout/is_weight_capped_fraction`` over every
         rank's valid tokens (the rollout policy's weights; {} without a correction)."""
-        if not self.correction.enabled:
+        if batch.importance_weights is None:
             return {}
         mask = batch.response_mask
-        weights = self.correction.weights(batch.old_logprobs, batch.engine_logprobs, mask)
-        sums = self.correction.metrics(weights, mask)
+        sums = self.correction.metrics(batch.importance_weights, mask)
         total = all_reduce_sum(
             torch.tensor([sums["sum"], sums["capped"], sums["tokens"]], dtype=torch.float64),
             self.info.group,
@@ -580,7 +512,6 @@ class Trainer:
         collected: CollectedBatch,
         batch: ScoredBatch,
         updates: list[UpdateResult],
-        overlaps: list[Overlap],
         t_rollout: float,
         step_time: float,
     ) -> dict[str, float]:
@@ -596,9 +527,6 @@ class Trainer:
         metrics.update(self._correction_metrics(batch))
         metrics.update(self.rollout_engine.metrics())
         metrics.update(update_metrics(updates))
-        if overlaps:
-            total = sum(overlaps[1:], overlaps[0])
-            metrics["select/gmts_ets_jaccard"] = total.both / max(total.either, 1.0)
         self.skipped_total += int(metrics["update/skipped_nonfinite"])
         metrics["update/skipped_total"] = float(self.skipped_total)
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]

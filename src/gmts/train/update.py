@@ -1,19 +1,22 @@
 """One mini-batch update: select the tokens once, then one optimizer step over micro-batches.
 
-The order matters for exactness, and :meth:`gmts.train.trainer.Trainer.train_step` shows it:
+The order matters for exactness; :func:`train_minibatch` is what
+:meth:`gmts.train.trainer.Trainer.train_step` runs for every mini-batch of every epoch:
 
-1. the scores come from the CURRENT policy (the rollout policy's statistics while the policy
-   has not changed since the rollout; otherwise one no-grad pass);
+1. the scores come from the CURRENT policy: the rollout policy's statistics (the batch's
+   ``old``) while the policy has not changed since the rollout; otherwise one no-grad pass;
 2. :func:`select_minibatch`: ONE selection over the whole mini-batch, global across ranks
-   (per micro-batch when ``selection.unit == "micro-batch"``, as TRL);
+   (per micro-batch when ``selection.unit == "micro-batch"``, as TRL), and, when logged, its
+   overlap with the GMTS/ETS partner's selection from the same score inputs (one more top-k);
 3. :func:`update_minibatch`: the loss divisors once for the whole mini-batch, global across
    ranks (``LossConfig.denominators``), so micro-batch losses add up to the mini-batch loss
    and accumulation is exact; gradients summed over ranks, checked for finiteness, clipped and
    applied once.
 
-:func:`update_in_one_pass` is the same update when the policy IS the rollout policy and the
-batch is one micro-batch (one update per rollout): the loss's own forward gives the old
-log-probs, so no separate scoring pass runs.
+When the step is one update on one micro-batch, the trainer makes that micro-batch's forward
+with gradients first: it gives the old log-probs (the policy IS the rollout policy) and the
+update's loss reuses it (``forward=``), so no separate no-grad pass runs. The rollout
+correction's weights travel in the batch (``ScoredBatch.importance_weights``), computed once.
 """
 
 from __future__ import annotations
@@ -32,31 +35,11 @@ from gmts.core.objectives import ObjectiveConfig
 from gmts.core.step import select_for_update
 from gmts.scale.distributed import DistInfo
 from gmts.scale.strategy import Strategy
-from gmts.train.batch import ScoredBatch, TrainBatch
-from gmts.train.correction import RolloutCorrection
+from gmts.train.batch import ScoredBatch
 from gmts.train.scoring import TokenScorer, micro_slices, needs_logit_grad_norm
 
 OVERLAP_PARTNER = {"gmts": "entropy", "entropy": "gmts"}
 """The selection compared with for ``select/gmts_ets_jaccard``: GMTS with ETS and back."""
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """What one mini-batch update did (global over ranks).
-
-    Attributes:
-        loss: the mini-batch loss (nan when the step was skipped).
-        grad_norm: the global gradient norm before clipping.
-        applied: False when the loss or a gradient was not finite: the step was skipped and
-            the weights are untouched.
-        sums: the loss's :class:`gmts.core.loss.TokenSums`, summed over micro-batches and
-            ranks (counts, clipping, entropy, KL, positive advantages).
-    """
-
-    loss: float
-    grad_norm: float
-    applied: bool
-    sums: TokenSums
 
 
 @dataclass(frozen=True)
@@ -70,6 +53,100 @@ class Overlap:
         return Overlap(self.both + other.both, self.either + other.either)
 
 
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one mini-batch update did (global over ranks).
+
+    Attributes:
+        loss: the mini-batch loss (nan when the step was skipped).
+        grad_norm: the global gradient norm before clipping.
+        applied: False when the loss or a gradient was not finite: the step was skipped and
+            the weights are untouched.
+        sums: the loss's :class:`gmts.core.loss.TokenSums`, summed over micro-batches and
+            ranks (counts, clipping, entropy, KL, positive advantages).
+        overlap: the selection's overlap with its GMTS/ETS partner's (:data:`OVERLAP_PARTNER`),
+            or None (not logged, or another score).
+    """
+
+    loss: float
+    grad_norm: float
+    applied: bool
+    sums: TokenSums
+    overlap: Overlap | None = None
+
+
+@dataclass(frozen=True)
+class MinibatchSelection:
+    """One mini-batch's selection on this rank.
+
+    Attributes:
+        selected: ``(B, T)`` bool, or None for score 'none' (every valid token trains).
+        overlap: with the GMTS/ETS partner's selection (global counts), or None when not asked
+            for or the score has no partner.
+    """
+
+    selected: torch.Tensor | None
+    overlap: Overlap | None = None
+
+
+def train_minibatch(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: ScoredBatch,
+    *,
+    scorer: TokenScorer,
+    selection: SelectionConfig,
+    loss: LossConfig,
+    micro_batch_size: int,
+    grad_clip: float | None,
+    strategy: Strategy,
+    step: int,
+    policy_changed: bool,
+    overlap: bool,
+    forward: TokenStatistics | None = None,
+) -> UpdateResult:
+    """Steps 1-3 of the module docstring on this rank's rows of one mini-batch.
+
+    Args:
+        policy_changed: an update has run since the rollout: the selection scores come from a
+            no-grad pass of the current policy instead of the rollout policy's statistics.
+        overlap: also measure the selection's overlap with its GMTS/ETS partner's.
+        forward: see :func:`update_minibatch`.
+        step: the optimizer step (seeds the random score).
+    """
+    current = batch.old
+    if policy_changed and selection.enabled:
+        current = scorer.no_grad(
+            model,
+            batch,
+            micro_batch_size=micro_batch_size,
+            logit_grad_norm=needs_logit_grad_norm(selection),
+        )
+    chosen = select_minibatch(
+        batch,
+        current,
+        selection,
+        loss.objective,
+        micro_batch_size=micro_batch_size,
+        info=strategy.info,
+        step=step,
+        overlap=overlap,
+    )
+    result = update_minibatch(
+        model,
+        optimizer,
+        batch,
+        chosen.selected,
+        scorer=scorer,
+        loss=loss,
+        micro_batch_size=micro_batch_size,
+        grad_clip=grad_clip,
+        strategy=strategy,
+        forward=forward,
+    )
+    return dataclasses.replace(result, overlap=chosen.overlap)
+
+
 def select_minibatch(
     batch: ScoredBatch,
     current: TokenStatistics,
@@ -79,18 +156,22 @@ def select_minibatch(
     micro_batch_size: int,
     info: DistInfo,
     step: int,
-    correction: RolloutCorrection | None = None,
-) -> torch.Tensor | None:
-    """The ``(B, T)`` bool selection of this rank's rows of the mini-batch (global over ranks),
-    scored with the current policy's ``current`` statistics; None for score 'none'.
+    overlap: bool = False,
+) -> MinibatchSelection:
+    """The selection of this rank's rows of the mini-batch (global over ranks), scored with
+    the current policy's ``(B, T)`` ``current`` statistics and the batch's correction weights.
 
     With ``selection.unit == "micro-batch"`` each micro-batch (the i-th of every rank together)
-    is selected on its own; otherwise the whole mini-batch at once (the paper).
+    is selected on its own; otherwise the whole mini-batch at once (the paper). With
+    ``overlap``, a GMTS or ETS selection is also compared with the partner score's selection
+    under the same settings, from the same inputs (``select_for_update(compare_with=...)``:
+    one more score and top-k, no second selection step).
     """
     if not selection.enabled:
-        return None
+        return MinibatchSelection(None)
+    partner = OVERLAP_PARTNER.get(selection.score) if overlap else None
     size = micro_batch_size if selection.unit == "micro-batch" else batch.num_rows
-    parts = []
+    parts, partner_parts = [], []
     for s in micro_slices(batch.num_rows, size):
         rows = batch.rows(s)
         result = select_for_update(
@@ -108,43 +189,18 @@ def select_minibatch(
             group_ids=rows.group_ids,
             process_group=info.group,
             step=step,
-            importance_weights=_weights(correction, rows),
+            importance_weights=rows.importance_weights,
+            compare_with=partner,
         )
         parts.append(result.selected)
-    return torch.cat(parts)
-
-
-def selection_overlap(
-    batch: ScoredBatch,
-    current: TokenStatistics,
-    selected: torch.Tensor,
-    selection: SelectionConfig,
-    objective: ObjectiveConfig,
-    *,
-    micro_batch_size: int,
-    info: DistInfo,
-    step: int,
-    correction: RolloutCorrection | None = None,
-) -> Overlap | None:
-    """How much ``selected`` (a GMTS or ETS selection) overlaps the partner method's
-    selection with the same settings: one extra selection. None for other scores."""
-    partner = OVERLAP_PARTNER.get(selection.score)
+        partner_parts.append(result.compared)
+    selected = torch.cat(parts)
     if partner is None:
-        return None
-    other = select_minibatch(
-        batch,
-        current,
-        dataclasses.replace(selection, score=partner),
-        objective,
-        micro_batch_size=micro_batch_size,
-        info=info,
-        step=step,
-        correction=correction,
-    )
-    assert other is not None
+        return MinibatchSelection(selected)
+    other = torch.cat(partner_parts)
     counts = torch.stack([(selected & other).sum(), (selected | other).sum()]).double()
     both, either = all_reduce_sum(counts, info.group).tolist()
-    return Overlap(both, either)
+    return MinibatchSelection(selected, Overlap(both, either))
 
 
 def update_minibatch(
@@ -158,7 +214,7 @@ def update_minibatch(
     micro_batch_size: int,
     grad_clip: float | None,
     strategy: Strategy,
-    correction: RolloutCorrection | None = None,
+    forward: TokenStatistics | None = None,
 ) -> UpdateResult:
     """One optimizer step on this rank's rows of a mini-batch, trained on ``selected``
     (``(B, T)`` bool; None: every valid token).
@@ -166,7 +222,17 @@ def update_minibatch(
     The divisors come from the whole mini-batch's token counts over every rank, once; the
     micro-batches of ``micro_batch_size`` rows then each back-propagate their share of one
     global loss, and the gradients are summed over ranks by the strategy.
+
+    Args:
+        forward: the current policy's ``(B, T)`` statistics of the whole mini-batch WITH
+            gradients, from a forward already made (one micro-batch only): the loss reuses it
+            instead of running the model again. None: each micro-batch runs its forward.
     """
+    if forward is not None and batch.num_rows > micro_batch_size:
+        raise ValueError(
+            f"forward= is one micro-batch's statistics, but the mini-batch has "
+            f"{batch.num_rows} rows > micro_batch_size={micro_batch_size}"
+        )
     group = strategy.info.group
     counts = TokenSums.count(batch.response_mask, selected).all_reduce(group)
     # (normalize='per-group': every question group is whole on its rank)
@@ -178,7 +244,7 @@ def update_minibatch(
     total_loss, total_sums, finite = 0.0, None, True
     for s in micro_slices(batch.num_rows, micro_batch_size):
         rows = batch.rows(s)
-        stats = scorer(model, rows)  # the current policy, with gradients
+        stats = forward if forward is not None else scorer(model, rows)  # with gradients
         micro_loss, sums = policy_loss(
             stats.logprobs,
             rows.old_logprobs,
@@ -190,7 +256,7 @@ def update_minibatch(
             entropy=stats.entropy,
             denominators=denominators,
             group_ids=rows.group_ids,
-            importance_weights=_weights(correction, rows),
+            importance_weights=rows.importance_weights,
         )
         # backward even when not finite: every rank must reach the same collectives (FSDP's
         # reduce-scatters run inside backward); the step is then skipped on every rank
@@ -200,74 +266,6 @@ def update_minibatch(
         total_sums = sums if total_sums is None else total_sums + sums
     assert total_sums is not None, "a mini-batch has at least one row"
     return _apply(optimizer, params, total_loss, total_sums, finite, grad_clip, strategy)
-
-
-def update_in_one_pass(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: TrainBatch,
-    ref_logprobs: torch.Tensor | None,
-    *,
-    scorer: TokenScorer,
-    selection: SelectionConfig,
-    loss: LossConfig,
-    grad_clip: float | None,
-    strategy: Strategy,
-    step: int,
-    correction: RolloutCorrection | None = None,
-) -> tuple[UpdateResult, ScoredBatch, torch.Tensor | None]:
-    """The update of a one-micro-batch mini-batch right after the rollout, in one forward.
-
-    The policy is the rollout policy, so its statistics ARE the old statistics: one forward
-    with gradients gives the old log-probs (detached), the selection scores and the loss. The
-    same update as scoring first and then :func:`update_minibatch` (a test checks it).
-
-    Returns:
-        ``(result, scored, selected)``: the update, the batch with its old statistics, and
-        this rank's ``(B, T)`` selection (None for score 'none').
-    """
-    params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
-    optimizer.zero_grad(set_to_none=True)
-    stats = scorer(model, batch, logit_grad_norm=needs_logit_grad_norm(selection))
-    scored = batch.scored(stats, ref_logprobs)  # old log-probs: the detached current ones
-    info = strategy.info
-    selected = select_minibatch(
-        scored,
-        scored.old,
-        selection,
-        loss.objective,
-        micro_batch_size=batch.num_rows,
-        info=info,
-        step=step,
-        correction=correction,
-    )
-    counts = TokenSums.count(batch.response_mask, selected).all_reduce(info.group)
-    batch_loss, sums = policy_loss(
-        stats.logprobs,
-        scored.old_logprobs,
-        batch.advantages,
-        batch.response_mask,
-        loss,
-        selected=selected,
-        ref_logprobs=ref_logprobs,
-        entropy=stats.entropy,
-        denominators=loss.denominators(counts, mask=batch.response_mask, group_ids=batch.group_ids),
-        group_ids=batch.group_ids,
-        importance_weights=_weights(correction, scored),
-    )
-    finite = bool(torch.isfinite(batch_loss))
-    batch_loss.backward()
-    result = _apply(
-        optimizer, params, float(batch_loss.detach()), sums, finite, grad_clip, strategy
-    )
-    return result, scored, selected
-
-
-def _weights(correction: RolloutCorrection | None, rows: ScoredBatch) -> torch.Tensor | None:
-    """The rollout correction's ``(B, T)`` importance weights of ``rows`` (None when off)."""
-    if correction is None or not correction.enabled:
-        return None
-    return correction.weights(rows.old_logprobs, rows.engine_logprobs, rows.response_mask)
 
 
 def _apply(
@@ -303,7 +301,8 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
     """The ``update/*`` and ``select/*`` rows of one step's mini-batch updates.
 
     Loss and gradient norm are means over the mini-batches (the loss over applied steps only);
-    fractions and entropies pool the token sums of every mini-batch.
+    fractions and entropies pool the token sums of every mini-batch, the GMTS/ETS Jaccard
+    overlap (when measured) the overlap counts.
     """
     applied = [r for r in results if r.applied]
     norms = [r.grad_norm for r in results if math.isfinite(r.grad_norm)]
@@ -323,4 +322,8 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
     }
     if "kl_mean" in m:
         out["update/kl_mean"] = m["kl_mean"]
+    overlaps = [r.overlap for r in results if r.overlap is not None]
+    if overlaps:
+        total = sum(overlaps[1:], overlaps[0])
+        out["select/gmts_ets_jaccard"] = total.both / max(total.either, 1.0)
     return out
