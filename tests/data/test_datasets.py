@@ -32,6 +32,7 @@ EXPECTED = {
     "csqa2_train": (9264, "0000488c294c99bd1a6cf10258dae8c1", "yes"),
     "humaneval": (164, "HumanEval/0", None),
     "mbpp": (500, "mbpp/11", None),  # task ids 11-510
+    "addition-2digit": (1652, "test-80+73", "153"),  # made by code (gmts.data.generated)
 }
 
 
