@@ -8,18 +8,18 @@ machine description, the command line and the date, and writes ``results/<name>.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gmts.cli.provenance import git_commit as provenance_commit
+from gmts.cli.provenance import machine_record
+from gmts.cli.provenance import utc_now as utc_now  # re-exported for the benchmarks
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -204,43 +204,14 @@ def mem_available_bytes() -> int | None:
 # machine and provenance
 
 
-def _run_text(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def machine_description() -> dict[str, Any]:
-    """nproc, the head of lscpu, memory, load (uptime), Python / torch versions."""
-    import torch
-
-    lscpu = _run_text(["lscpu"]).splitlines()
-    mem = _run_text(["free", "-g"]).splitlines()
-    return {
-        "nproc": _run_text(["nproc"]),
-        "lscpu_head": lscpu[:15],
-        "model_name": next((ln.split(":", 1)[1].strip() for ln in lscpu if "Model name" in ln), ""),
-        "memory": mem[:2],
-        "uptime": _run_text(["uptime"]),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "gpu": bool(torch.cuda.is_available()),
-        "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
+    """The machine, its versions and its load now (:func:`gmts.cli.provenance.machine_record`)."""
+    return machine_record()
 
 
 def git_commit() -> str:
     """The commit of the code that ran (with ``-dirty`` where the benchmarks differ from it)."""
-    head = _run_text(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"])
-    dirty = _run_text(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "benchmarks"])
-    dirty_lines = [ln for ln in dirty.splitlines() if "benchmarks/results" not in ln]
-    return head + ("-dirty" if dirty_lines else "")
-
-
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return provenance_commit(REPO_ROOT, changes_in="benchmarks") or ""
 
 
 def write_result(out_dir: Path, name: str, record: dict[str, Any]) -> Path:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gmts.cli.provenance import describe_machine, describe_run
+
 BENCH_DIR = Path(__file__).resolve().parent
 DOC = BENCH_DIR.parent / "docs" / "results.md"
 
@@ -525,50 +527,16 @@ def render(record: dict[str, Any]) -> str:
         body = f"**This benchmark failed in the recorded run:** `{record.get('error')}`"
     else:
         body = RENDERERS.get(name, render_generic)(record) + render_goals(record)
-    machine = record.get("machine", {})
-    provenance = (
-        f"_Run finished {record.get('date')}, code at commit `{record.get('commit')}` with "
-        f"`{record.get('command')}` ({record.get('threads')} torch thread(s), "
-        f"{record.get('wall_s')} s wall). Load before: `{machine.get('uptime', '?')}`; "
-        f"after: `{record.get('uptime_after', '?')}`._"
-    )
-    return provenance + "\n\n" + body
+    return describe_run(record) + "\n\n" + body
 
 
 def render_machine(records: list[dict[str, Any]]) -> str:
     """The machine (from the first record) and the load during every benchmark."""
     if not records:
         return "_no results yet_"
-    m = records[0].get("machine", {})
-    lines = [
-        f"- `nproc`: {m.get('nproc')}; {m.get('platform')}; Python {m.get('python')}, "
-        f"torch {m.get('torch')}; GPU: {m.get('gpu_name') or ('yes' if m.get('gpu') else 'none')}.",
-        "- `lscpu | head`:",
-        "",
-        "```",
-        *m.get("lscpu_head", []),
-        "```",
-        "",
-        "- `free -g`: `" + " / ".join(" ".join(x.split()) for x in m.get("memory", [])) + "`",
-        "- Load (`uptime`) before and after each benchmark:",
-        "",
-    ]
-    rows = [
-        [
-            r.get("benchmark", "?"),
-            r.get("date", "?"),
-            f"{r.get('wall_s', '?')} s",
-            "`" + r.get("machine", {}).get("uptime", "?").split("load average:")[-1].strip() + "`",
-            "`" + str(r.get("uptime_after", "?")).split("load average:")[-1].strip() + "`",
-        ]
-        for r in records
-    ]
-    lines.append(
-        _table(
-            ["benchmark", "finished (UTC)", "wall", "load before (1/5/15 min)", "load after"], rows
-        )
-    )
-    return "\n".join(lines)
+    lines, rows = describe_machine(records)
+    header = ["benchmark", "finished (UTC)", "wall", "load before (1/5/15 min)", "load after"]
+    return "\n".join([*lines, _table(header, rows)])
 
 
 def _replace_block(text: str, name: str, block: str) -> tuple[str, bool]:

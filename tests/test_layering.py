@@ -95,3 +95,50 @@ def test_the_checker_sees_lazy_and_from_imports(tmp_path):
         "def f():\n    from gmts.train.trainer import Trainer\n\nfrom gmts import core\n"
     )
     assert sorted(t for _, t in _imports(source)) == ["core", "train"]
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The gmts modules ``path`` imports at module level (lazy imports in functions left out:
+    they run after every module has loaded, so they cannot close a cycle at import time).
+    ``from gmts.core import distributed`` imports the submodule, not the package's body."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "") > "gmts.":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gmts."))
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = ("gmts", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_import_cycle_between_modules():
+    """No module-level import cycle between two modules (one that works only by import order,
+    such as an import at the bottom of a file, is still a cycle)."""
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+    edges = {
+        name: {m for m in _module_imports(path, set(modules)) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[str] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(edges[name]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    for name in sorted(modules):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "module import cycles:\n" + "\n".join(cycles)

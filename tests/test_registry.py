@@ -50,3 +50,34 @@ def test_library_registries_share_the_wording() -> None:
     ):
         with pytest.raises(ValueError, match=f"unknown {kind} 'nope'; valid {kind}s: "):
             lookup("nope")
+
+
+def test_register_by_own_name_and_item_type() -> None:
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Widget:
+        name: str
+
+    reg = Registry[Widget]("widget")
+    register, get = reg.register, reg.get  # how a kind exports its public functions
+    w = register(Widget("w"))
+    assert get("w") is w and reg.item_type is Widget
+    assert Registry("untyped").item_type is None
+    with pytest.raises(ValueError, match="widget 'w' is already registered"):
+        register(Widget("w"))
+    with pytest.raises(TypeError, match=r"needs a \.name"):
+        reg.register(3)  # type: ignore[arg-type]
+
+
+def test_public_register_functions_are_the_registries() -> None:
+    """The one-line exports (``register_task = _TASKS.register``) reach the same tables."""
+    from gmts.core.aggregation import available_aggregations, get_aggregation
+    from gmts.core.objectives import get_objective, register_objective
+    from gmts.embedded.tasks import available_tasks, get_task
+
+    assert get_objective("ppo").name == "ppo"
+    assert get_task(available_tasks()[0]).name == available_tasks()[0]
+    assert get_aggregation(available_aggregations()[0]).name == available_aggregations()[0]
+    with pytest.raises(ValueError, match="objective 'ppo' is already registered"):
+        register_objective(get_objective("ppo"))

@@ -4,6 +4,10 @@ Scores, rewards, prompt templates, built-in tasks, evaluation benchmarks and gen
 backends are each a ``Registry``: items are added once under a unique name, looked up with an
 error that lists the valid names, and listed sorted (or iterated in the order they were added).
 Pure Python, so ``gmts.core`` can use it without importing anything beyond torch.
+
+A kind whose items carry their own name exports the registry's methods as its public functions,
+one line each (``register_task = _TASKS.register``, ``get_task = _TASKS.get``); built as
+``Registry[Task]("task")`` it knows its item type, which documentation reads (:attr:`item_type`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ class Registry(Generic[T]):
         self._items[name] = item
         return item
 
+    def register(self, item: T) -> T:
+        """Register ``item`` under its own ``.name`` and return it (the kinds whose items carry
+        their name: objectives, tasks, benchmarks, ...); a taken name raises ValueError."""
+        name = getattr(item, "name", None)
+        if name is None:
+            raise TypeError(f"a {self.kind} registered by itself needs a .name; got {item!r}")
+        return self.add(name, item)
+
     def decorator(self, name: str) -> Callable[[T], T]:
         """``@registry.decorator(name)`` registers the decorated object as ``name``."""
         return lambda item: self.add(name, item)
@@ -50,6 +62,12 @@ class Registry(Generic[T]):
             raise ValueError(
                 f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(self.names())}"
             ) from None
+
+    @property
+    def item_type(self) -> object:
+        """The ``T`` of a registry built as ``Registry[T](kind)`` (None when built untyped)."""
+        args = getattr(getattr(self, "__orig_class__", None), "__args__", None)
+        return args[0] if args else None
 
     def names(self) -> list[str]:
         """Registered names, sorted."""

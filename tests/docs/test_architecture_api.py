@@ -89,14 +89,27 @@ API: dict[str, tuple[str, ...]] = {
 }
 
 
-def _annotation(value: object) -> str:
-    return value if isinstance(value, str) else inspect.formatannotation(value)
+def _annotation(value: object, item_type: str | None = None) -> str:
+    text = value if isinstance(value, str) else inspect.formatannotation(value)
+    return item_type if item_type and text == "T" else text
+
+
+def _item_type(obj: object) -> str | None:
+    """A registry's item type, for a public function that is a registry's method
+    (``register_task = _TASKS.register``): its ``T`` is written as the type."""
+    from gmts._registry import Registry
+
+    registry = getattr(obj, "__self__", None)
+    if not isinstance(registry, Registry) or registry.item_type is None:
+        return None
+    return getattr(registry.item_type, "__name__", str(registry.item_type))
 
 
 def _signature(obj: object) -> str:
     """``(a: int, *, b: str = 'x') -> R`` with the annotations as the source writes them."""
     target = obj.__init__ if inspect.isclass(obj) else obj
     sig = inspect.signature(target)
+    item_type = _item_type(obj)
     parts = []
     star_done = False
     params = list(sig.parameters.values())
@@ -110,13 +123,13 @@ def _signature(obj: object) -> str:
             star_done = True
         text = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "") + p.name
         if p.annotation is not p.empty:
-            text += f": {_annotation(p.annotation)}"
+            text += f": {_annotation(p.annotation, item_type)}"
         if p.default is not p.empty:
             text += f" = {p.default!r}" if p.annotation is not p.empty else f"={p.default!r}"
         parts.append(text)
     out = f"({', '.join(parts)})"
     if not inspect.isclass(obj) and sig.return_annotation is not sig.empty:
-        out += f" -> {_annotation(sig.return_annotation)}"
+        out += f" -> {_annotation(sig.return_annotation, item_type)}"
     return out
 
 

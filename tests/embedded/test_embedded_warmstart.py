@@ -44,6 +44,8 @@ def test_warm_start_writes_a_loadable_cached_dir(tmp_path, monkeypatch):
         raise AssertionError("warm start retrained although cached")
 
     monkeypatch.setattr(warmstart, "_train", fail)
+    assert warmstart.is_cached("addition", cache_dir=tmp_path, config=SMALL)
+    assert not warmstart.is_cached("addition", cache_dir=tmp_path, config=SMALL, seed=1)
     assert warm_start("addition", cache_dir=tmp_path, config=SMALL, progress=False) == path
     # other settings -> another directory (and here: would need training)
     with pytest.raises(AssertionError, match="retrained"):

@@ -121,3 +121,39 @@ def test_compare_leaves_out_a_seed_missing_one_run() -> None:
     ]
     (cmp,) = compare(_result(rows, [0, 1]))
     assert cmp.mean.n == 1 and cmp.final.values == pytest.approx((-10.0,))
+
+
+def test_curves_png_draws_each_methods_mean_and_min_max_over_seeds(tmp_path) -> None:
+    """curves.png: per method and step, the mean and the min-max band of the seeds' values (the
+    held-out curve as logged; a training metric after its moving average), at the steps every
+    seed logged; a one-seed result draws the same curve without a band."""
+    import json
+
+    from gmts.cli.demo_plot import SMOOTH, method_curve, plot_demo
+
+    rows = []
+    for seed, offset in ((0, 0.0), (1, 0.2), (2, 0.1)):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        steps = [1, 2, 3] if seed else [1, 2, 3, 4]  # seed 0 logged one step more
+        lines = [{"step": s, "reward/accuracy": offset + s} for s in steps]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        rows.append(_row("GMTS top 20%", seed, [0.1 + offset, 0.3, 0.5 - offset]))
+        rows[-1].run_dir = str(run)
+        evals = [{"step": s, **m} for s, m in rows[-1].curve.items()]
+        (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    held_out = method_curve(rows, "average@16")
+    assert held_out.held_out and held_out.steps == [0, 50, 100] and held_out.seeds == 3
+    assert held_out.mean == pytest.approx([0.2, 0.3, 0.4])
+    assert held_out.low == pytest.approx([0.1, 0.3, 0.3])
+    assert held_out.high == pytest.approx([0.3, 0.3, 0.5])
+    training = method_curve(rows, "reward/accuracy")
+    assert not training.held_out and training.steps == [1, 2, 3]
+    # the trailing moving average of 1, 2, 3 (+ offset) is 1, 1.5, 2 (+ offset) for SMOOTH >= 3
+    assert SMOOTH >= 3 and training.mean == pytest.approx([1.1, 1.6, 2.1])
+    assert training.low == pytest.approx([1.0, 1.5, 2.0])
+    assert training.high == pytest.approx([1.2, 1.7, 2.2])
+    for seeds in ([0, 1, 2], [0]):
+        result = _result([r for r in rows if r.seed in seeds], seeds)
+        out = plot_demo(result, tmp_path / f"curves{len(seeds)}.png")
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -372,6 +372,8 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
     # one process: the monkeypatched warm start is this process's (test_demo_jobs: several)
     settings = DemoSettings(overrides=tiny, output_dir=str(tmp_path / "demo"), seeds=2, jobs=1)
     result = run_demo(settings, progress=False)
+    # 2 starts + 6 runs each build a Trainer, which prints its memory plan: the demo shows one
+    assert capsys.readouterr().err.count("memory plan") == 1
     labels = ["all tokens", "ETS top 20%", "GMTS top 20%"]
     assert result.seeds == [0, 1] and result.methods == labels
     assert seeds_warmed == [0, 1] and sorted(result.warm_starts) == [0, 1]  # one per seed

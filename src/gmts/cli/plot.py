@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _smooth(values: list[float], window: int) -> list[float]:
+def moving_average(values: list[float], window: int) -> list[float]:
     """Trailing moving average over ``window`` values (shorter at the start)."""
     if window <= 1:
         return values
@@ -66,7 +66,7 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _points(rows: list[dict], name: str) -> list[tuple[int, float]]:
+def metric_points(rows: list[dict], name: str) -> list[tuple[int, float]]:
     """(step, value) of every row that logged ``name`` as a number."""
     return [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
 
@@ -108,11 +108,11 @@ def plot_runs(
         held_out = False
         for i, (rows, evals) in enumerate(runs):
             label = labels[i] if labels else Path(run_dirs[i]).name
-            pts = _points(rows, name)
+            pts = metric_points(rows, name)
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, _smooth(list(ys), smooth), label=label)
-            elif pts := _points(evals, name):
+                ax.plot(xs, moving_average(list(ys), smooth), label=label)
+            elif pts := metric_points(evals, name):
                 held_out = True
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="o", markersize=3, label=label)

@@ -82,22 +82,12 @@ class Aggregation:
         return (summed.sum(-1) / lengths).sum()
 
 
-_AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
+_AGGREGATIONS = Registry[Aggregation]("aggregation")
 
 
-def register_aggregation(aggregation: Aggregation) -> Aggregation:
-    """Add ``aggregation`` under its name (a duplicate raises)."""
-    return _AGGREGATIONS.add(aggregation.name, aggregation)
-
-
-def get_aggregation(name: str) -> Aggregation:
-    """The aggregation called ``name``; an unknown name raises ValueError listing valid ones."""
-    return _AGGREGATIONS.get(name)
-
-
-def available_aggregations() -> list[str]:
-    """Registered aggregation names, sorted."""
-    return _AGGREGATIONS.names()
+register_aggregation = _AGGREGATIONS.register
+get_aggregation = _AGGREGATIONS.get
+available_aggregations = _AGGREGATIONS.names
 
 
 register_aggregation(

@@ -120,17 +120,11 @@ class Benchmark:
         return self.verifier.runs_code
 
 
-_BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+_BENCHMARKS = Registry[Benchmark]("benchmark")
 
 
-def register_benchmark(benchmark: Benchmark) -> Benchmark:
-    """Add ``benchmark`` under its name (a duplicate raises ValueError)."""
-    return _BENCHMARKS.add(benchmark.name, benchmark)
-
-
-def get_benchmark(name: str) -> Benchmark:
-    """The benchmark called ``name``; an unknown name raises ValueError listing valid ones."""
-    return _BENCHMARKS.get(name)
+register_benchmark = _BENCHMARKS.register
+get_benchmark = _BENCHMARKS.get
 
 
 def available_benchmarks() -> list[str]:

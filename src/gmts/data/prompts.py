@@ -131,22 +131,12 @@ class PromptTemplate:
         return "\n\n".join(m["content"] for m in self.messages(question, choices)) + "\n\n"
 
 
-_TEMPLATES: Registry[PromptTemplate] = Registry("prompt template")
+_TEMPLATES = Registry[PromptTemplate]("prompt template")
 
 
-def register_template(template: PromptTemplate) -> PromptTemplate:
-    """Add a template to the registry; a duplicate name raises ValueError."""
-    return _TEMPLATES.add(template.name, template)
-
-
-def get_template(name: str) -> PromptTemplate:
-    """The template registered as ``name``; unknown names raise ValueError listing valid ones."""
-    return _TEMPLATES.get(name)
-
-
-def available_templates() -> list[str]:
-    """Names of the registered templates, sorted."""
-    return _TEMPLATES.names()
+register_template = _TEMPLATES.register
+get_template = _TEMPLATES.get
+available_templates = _TEMPLATES.names
 
 
 register_template(PromptTemplate("math", MATH_SYSTEM_PROMPT))

@@ -184,22 +184,12 @@ _OPERATIONS: dict[str, Callable[[int, int], int]] = {
     "*": lambda a, b: a * b,
 }
 
-_TASKS: Registry[Task] = Registry("task")
+_TASKS = Registry[Task]("task")
 
 
-def register_task(task: Task) -> Task:
-    """Add ``task`` to the registry; a duplicate name raises ValueError."""
-    return _TASKS.add(task.name, task)
-
-
-def get_task(name: str) -> Task:
-    """The registered task called ``name``; an unknown name raises ValueError listing the valid ones."""
-    return _TASKS.get(name)
-
-
-def available_tasks() -> list[str]:
-    """Names of the registered tasks, sorted."""
-    return _TASKS.names()
+register_task = _TASKS.register
+get_task = _TASKS.get
+available_tasks = _TASKS.names
 
 
 register_task(

@@ -191,6 +191,28 @@ def warm_start_settings(
     }
 
 
+def _cache_entry(
+    task_name: str, cache_dir: str | os.PathLike[str] | None, seed: int, config: WarmStartConfig
+) -> tuple[dict[str, Any], str, Path]:
+    """(settings, their hash, the cache folder) of one warm start."""
+    settings = warm_start_settings(task_name, seed=seed, config=config)  # validates task_name
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return settings, key, root / f"{task_name}-seed{seed}-{key}"
+
+
+def is_cached(
+    task_name: str = "addition",
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    config: WarmStartConfig | None = None,
+) -> bool:
+    """Whether :func:`warm_start` with these arguments would reuse a cached result."""
+    _, _, final = _cache_entry(task_name, cache_dir, seed, config or WarmStartConfig())
+    return (final / INFO_FILE).is_file()
+
+
 def warm_start(
     task_name: str = "addition",
     *,
@@ -221,10 +243,8 @@ def warm_start(
         config = replace(config, steps=steps)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    settings = warm_start_settings(task_name, seed=seed, config=config)  # validates task_name
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / f"{task_name}-seed{seed}-{key}"
+    settings, key, final = _cache_entry(task_name, cache_dir, seed, config)
+    root = final.parent
     if (final / INFO_FILE).is_file():
         return final
 

@@ -47,13 +47,8 @@ from gmts.core.config import SelectionConfig
 from gmts.core.loss import LossConfig, LossDenominators, TokenSums, policy_loss
 from gmts.core.objectives import ObjectiveConfig
 from gmts.core.step import select_for_update
-from gmts.integrations.trl_loss import (
-    LOSS_TYPES,
-    PolicyFactors,
-    TRLLossOptions,
-    policy_factors,
-    trl_divisor,
-)
+from gmts.integrations.trl_loss import LOSS_TYPES, PolicyFactors, TRLLossOptions, policy_factors
+from gmts.integrations.trl_state import TRLStepState
 
 __all__ = [
     "GMTSGRPOConfig",
@@ -235,6 +230,37 @@ class GMTSSelection:
     threshold: float | None
 
 
+@dataclass(frozen=True)
+class _ScoredMicroBatch:
+    """One buffered micro-batch of the selection window, scored without gradient; every
+    tensor ``(B, T)`` (``ref_logprobs`` None without a KL term)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    policy: PolicyFactors
+
+
+@dataclass(frozen=True)
+class _WindowSelection:
+    """The selection over one optimizer step's micro-batches (``gmts_unit='mini-batch'``).
+
+    Attributes:
+        start: the window's first TRL step (the cache key).
+        masks: buffered slot -> ``(B, T)`` bool selection of that micro-batch.
+        threshold: the window's score threshold.
+        unit_sums: the window's token counts over all processes.
+    """
+
+    start: int
+    masks: dict[int, torch.Tensor]
+    threshold: float | None
+    unit_sums: TokenSums
+
+
 class GMTSGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` training on the tokens GMTS (or ETS, ...) selects.
 
@@ -353,70 +379,77 @@ class GMTSGRPOTrainer(GRPOTrainer):
             mode == "train"
             and self.gmts_selection.enabled
             and self.gmts_selection.unit == "mini-batch"
-            and self.current_gradient_accumulation_steps > 1
+            and TRLStepState.of(self).accumulation > 1
+        )
+
+    def _gmts_scored(
+        self, model: torch.nn.Module, batch: dict[str, Any], options: TRLLossOptions
+    ) -> _ScoredMicroBatch:
+        """One micro-batch scored as its training forward will be (no gradient)."""
+        logprobs, entropy, _ = self._gmts_forward(model, batch)
+        old_logprobs, ref_logprobs = self._gmts_score_inputs(batch, logprobs)
+        policy = self._gmts_policy(options, batch, logprobs, old_logprobs)
+        advantages = policy.advantages
+        advantages = advantages[:, None] if advantages.dim() == 1 else advantages
+        return _ScoredMicroBatch(
+            logprobs=logprobs.detach(),
+            entropy=entropy.detach().float(),
+            old_logprobs=old_logprobs,
+            advantages=advantages.expand_as(logprobs),
+            mask=self._gmts_mask(batch),
+            ref_logprobs=ref_logprobs,
+            policy=policy,
         )
 
     @torch.no_grad()
     def _gmts_window(
         self, model: torch.nn.Module, loss_config: LossConfig, options: TRLLossOptions
-    ) -> dict[str, Any]:
+    ) -> _WindowSelection:
         """Select over every micro-batch of the current optimizer step (all processes).
 
         One no-grad forward over the window's micro-batches (TRL's buffered slices) with the
         parameters this optimizer step differentiates at, so scores equal those of the
         training forwards. Cached per window.
         """
-        accumulation = self.current_gradient_accumulation_steps
-        start = int(self._step) - int(self._step) % accumulation
+        state = TRLStepState.of(self)
+        start = state.window_start
         cached = getattr(self, "_gmts_window_cache", None)
-        if cached is not None and cached["start"] == start:
+        if cached is not None and cached.start == start:
             return cached
-        per_generation = self.args.steps_per_generation
-        slots = [(start + i) % per_generation for i in range(accumulation)]
-        parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("lp", "ent", "old", "adv", "mask")}
-        refs, weights, paddings = [], [], set()
-        for slot in slots:
-            batch = self._buffered_inputs[slot]
-            logprobs, entropy, _ = self._gmts_forward(model, batch)
-            old_logprobs, ref_logprobs = self._gmts_score_inputs(batch, logprobs)
-            policy = self._gmts_policy(options, batch, logprobs, old_logprobs)
-            adv = policy.advantages
-            adv = adv[:, None] if adv.dim() == 1 else adv
-            parts["lp"].append(logprobs.detach())
-            parts["ent"].append(entropy.detach().float())
-            parts["old"].append(old_logprobs)
-            parts["adv"].append(adv.expand_as(logprobs))
-            parts["mask"].append(self._gmts_mask(batch))
-            refs.append(ref_logprobs)
-            weights.append(policy.importance_weights)
-            if policy.vespo_padding_weight is not None:
-                paddings.add(policy.vespo_padding_weight)
-        cat = {k: torch.cat(v, dim=0) for k, v in parts.items()}  # (accumulation * B, T)
+        slots = state.window_slots()
+        scored = [self._gmts_scored(model, state.buffered_inputs[slot], options) for slot in slots]
+
+        def cat(name: str) -> torch.Tensor:  # (accumulation * B, T)
+            return torch.cat([getattr(b, name) for b in scored], dim=0)
+
         objective = loss_config.objective
+        paddings = {b.policy.vespo_padding_weight for b in scored} - {None}
         if paddings:  # one generation's micro-batches: TRL gives their padding one ratio
             if len(paddings) > 1:
                 raise RuntimeError(f"TRL's IS ratio outside the mask differs: {paddings}")
             objective = replace(objective, vespo_padding_weight=paddings.pop())
+        weights = [b.policy.importance_weights for b in scored]
+        mask = cat("mask")
         result = select_for_update(
             self.gmts_selection,
             objective,
-            logprobs=cat["lp"],
-            old_logprobs=cat["old"],
-            advantages=cat["adv"],
-            response_mask=cat["mask"],
-            entropy=cat["ent"],
-            ref_logprobs=torch.cat(refs, dim=0) if self.beta != 0.0 else None,
+            logprobs=cat("logprobs"),
+            old_logprobs=cat("old_logprobs"),
+            advantages=cat("advantages"),
+            response_mask=mask,
+            entropy=cat("entropy"),
+            ref_logprobs=cat("ref_logprobs") if self.beta != 0.0 else None,
             process_group=self._gmts_process_group(),
             step=start,
             importance_weights=None if weights[0] is None else torch.cat(weights, dim=0),
         )
-        rows = [m.shape[0] for m in parts["mask"]]
-        cache = {
-            "start": start,
-            "masks": dict(zip(slots, torch.split(result.selected, rows, dim=0))),
-            "threshold": result.threshold,
-            "unit_sums": TokenSums.count(cat["mask"], result.selected).reduced(self._gmts_reduce),
-        }
+        rows = [b.mask.shape[0] for b in scored]
+        cache = _WindowSelection(
+            start=start,
+            masks=dict(zip(slots, torch.split(result.selected, rows, dim=0))),
+            threshold=result.threshold,
+            unit_sums=TokenSums.count(mask, result.selected).reduced(self._gmts_reduce),
+        )
         self._gmts_window_cache = cache
         return cache
 
@@ -440,16 +473,16 @@ class GMTSGRPOTrainer(GRPOTrainer):
         mask = self._gmts_mask(inputs)
         if self._gmts_uses_step_unit(mode):
             window = self._gmts_window(model, loss_config, options)
-            slot = int(self._step) % self.args.steps_per_generation
-            if inputs is not self._buffered_inputs[slot]:
+            state = TRLStepState.of(self)
+            if inputs is not state.buffered_inputs[state.slot]:
                 raise RuntimeError(
                     "gmts_unit='mini-batch' could not match this micro-batch to TRL's buffered "
                     "generation batch; use gmts_unit='micro-batch'"
                 )
             return GMTSSelection(
-                selected=window["masks"][slot] & mask,
-                unit_sums=window["unit_sums"],
-                threshold=window["threshold"],
+                selected=window.masks[state.slot] & mask,
+                unit_sums=window.unit_sums,
+                threshold=window.threshold,
             )
         result = select_for_update(
             self.gmts_selection,
@@ -461,7 +494,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
             entropy=entropy.detach().float(),
             ref_logprobs=ref_logprobs,
             process_group=self._gmts_process_group(),
-            step=int(self._step),
+            step=TRLStepState.of(self).step,
             importance_weights=policy.importance_weights,
         )
         unit_sums = TokenSums.count(mask, result.selected).reduced(self._gmts_reduce)
@@ -471,16 +504,14 @@ class GMTSGRPOTrainer(GRPOTrainer):
         self, options: TRLLossOptions, inputs: dict[str, Any], mask: torch.Tensor, mode: str
     ) -> tuple[float | None, float]:
         """``(divisor, accumulation scale)`` of TRL 1.16's ``loss_type`` for this micro-batch
-        (:func:`gmts.integrations.trl_loss.trl_divisor`)."""
-        return trl_divisor(
-            options.divisor_rule,
-            rows=int(mask.shape[0]),
-            num_items_in_batch=inputs.get("num_items_in_batch"),
-            num_processes=self.accelerator.num_processes,
-            accumulation=int(self.current_gradient_accumulation_steps),
-            steps_per_generation=int(self.args.steps_per_generation),
-            max_completion_length=int(self.max_completion_length),
-            train=mode == "train",
+        (:class:`gmts.integrations.trl_loss.DivisorInputs`)."""
+        divisor = options.loss_type_entry.divisor
+        return divisor(
+            TRLStepState.of(self).divisor_inputs(
+                rows=int(mask.shape[0]),
+                num_items_in_batch=inputs.get("num_items_in_batch"),
+                train=mode == "train",
+            )
         )
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
@@ -618,7 +649,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
             metrics["gmts/score_threshold"].append(float(selection.threshold))
         # TRL's usual keys, so its dashboards keep working
         metrics["entropy"].append(m["entropy_mean"])
-        if _objective_of(options).name == "ppo":  # TRL logs clip ratios for its ppo losses
+        if options.loss_type_entry.objective.clip_metrics:  # TRL's, for its ppo losses
             metrics["clip_ratio/low_mean"].append(m["clip_low_fraction"])
             metrics["clip_ratio/high_mean"].append(m["clip_high_fraction"])
             metrics["clip_ratio/region_mean"].append(

@@ -12,9 +12,14 @@ The one place that maps what ``GRPOTrainer._compute_loss`` reads to the core:
     gmts_vespo_trl_padding (vespo, token IS)     vespo_padding_weight (:func:`policy_factors`)
     importance_sampling_level token/sequence     ratio_level token/sequence (sequence = GSPO)
     beta, use_bias_correction_kl                 kl_coef (k3), kl_ratio_correction
-    loss_type -> numerator                       aggregation (:data:`LOSS_TYPES`)
-    loss_type -> divisor                         :func:`trl_divisor`
+    loss_type -> numerator                       aggregation (its :class:`TRLLossType`)
+    loss_type -> divisor                         its divisor (:class:`DivisorInputs`)
     off_policy_mask_threshold, vLLM IS ratio     importance weights (:func:`policy_factors`)
+
+Each ``loss_type`` is one :class:`TRLLossType` entry: its core objective (a
+:class:`TRLObjective`: the objective's fields from the options, TRL's factors of the policy
+term, the objective's own refusals), its aggregation and its divisor. Nothing here branches on
+a loss-type name.
 
 Why the mapping is exact where it is not literal: TRL clips the ratio below at
 ``1 - epsilon``; for ``epsilon >= 1`` that bound is <= 0 < r and never acts, as the core's
@@ -25,6 +30,7 @@ bound; the core's ``clamp(r, 1 - 1, epsilon_high)`` has the bound 0 < r, which n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,60 +41,19 @@ from gmts.core.objectives import ObjectiveConfig
 
 __all__ = [
     "LOSS_TYPES",
+    "LOSS_TYPE_TABLE",
     "VLLM_IS_MODES",
+    "DivisorInputs",
     "PolicyFactors",
     "TRLLossOptions",
     "TRLLossType",
+    "TRLObjective",
     "policy_factors",
-    "trl_divisor",
     "vespo_padding_ratio",
 ]
 
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 """TRL 1.16's ``vllm_importance_sampling_mode`` values."""
-
-DIVISOR_RULES = ("rows", "local-tokens", "rows-horizon", "window-tokens")
-
-
-@dataclass(frozen=True)
-class TRLLossType:
-    """One TRL ``loss_type``: its core objective, the aggregation of its numerator and the
-    rule of its divisor (:func:`trl_divisor`)."""
-
-    name: str
-    objective: str
-    aggregation: str
-    divisor: str
-
-    def __post_init__(self) -> None:
-        if self.divisor not in DIVISOR_RULES:
-            raise ValueError(f"divisor must be one of {list(DIVISOR_RULES)}, got {self.divisor!r}")
-
-
-_LOSS_TYPES: Registry[TRLLossType] = Registry("TRL loss_type")
-for _entry in (
-    # (per_token_loss * mask).sum(-1) / mask.sum(-1), mean over the local rows
-    TRLLossType("grpo", "ppo", "seq-mean-token-mean", "rows"),
-    TRLLossType("sapo", "sapo", "seq-mean-token-mean", "rows"),
-    # (per_token_loss * mask).sum() / mask.sum(): the micro-batch's local tokens
-    TRLLossType("bnpo", "ppo", "token-mean", "local-tokens"),
-    # (per_token_loss * mask).sum() / (B * max_completion_length)
-    TRLLossType("dr_grpo", "ppo", "token-mean", "rows-horizon"),
-    # (per_token_loss * mask).sum() / the window's share of num_items_in_batch
-    TRLLossType("dapo", "ppo", "token-mean", "window-tokens"),
-    TRLLossType("cispo", "cispo", "token-mean", "window-tokens"),
-    TRLLossType("vespo", "vespo", "token-mean", "window-tokens"),
-    # (per_token_loss * mask).sum(-1).mean(): each row's token sum, mean over ALL local rows
-    TRLLossType("luspo", "ppo", "seq-mean-token-sum", "rows"),
-):
-    _LOSS_TYPES.add(_entry.name, _entry)
-
-LOSS_TYPES: tuple[str, ...] = tuple(_LOSS_TYPES)
-"""Every TRL 1.16 ``loss_type``, all supported."""
-
-
-def _loss_type(name: str) -> TRLLossType:
-    return _LOSS_TYPES.get(name)
 
 
 @dataclass(frozen=True)
@@ -174,7 +139,7 @@ class TRLLossOptions:
 
     def problems(self) -> list[str]:
         """Why these options cannot be expressed exactly by a core objective (empty: they can)."""
-        if self.loss_type not in _LOSS_TYPES:
+        if self.loss_type not in LOSS_TYPE_TABLE:
             return [f"loss_type={self.loss_type!r}: TRL 1.16's loss types are {list(LOSS_TYPES)}"]
         problems = []
         if self.importance_sampling_level not in ("token", "sequence"):
@@ -182,30 +147,7 @@ class TRLLossOptions:
                 f"importance_sampling_level={self.importance_sampling_level!r}: TRL has 'token' "
                 "and 'sequence'"
             )
-        objective = _loss_type(self.loss_type).objective
-        if self.vespo_trl_padding and objective != "vespo":
-            problems.append(
-                f"gmts_vespo_trl_padding=True applies to loss_type='vespo' only, not "
-                f"{self.loss_type!r}"
-            )
-        if (
-            objective == "vespo"
-            and self.vllm_is_mode in ("token_truncate", "token_mask")
-            and not self.vespo_trl_padding
-        ):
-            low = -math.inf if self.vllm_is_clip_min is None else self.vllm_is_clip_min
-            high = math.inf if self.vllm_is_clip_max is None else self.vllm_is_clip_max
-            if not low <= 1.0 <= high:
-                what = "clipped to it" if self.vllm_is_mode == "token_truncate" else "masked to 0"
-                problems.append(
-                    "loss_type='vespo' with a vLLM importance-sampling range "
-                    f"[{self.vllm_is_clip_min}, {self.vllm_is_clip_max}] that excludes 1: TRL "
-                    "1.16's get_gamma_weights sums log(ratio) over every position of the "
-                    "micro-batch, padding included, where TRL's ratio is exp(0) = 1 "
-                    f"{what}, so each row's VESPO weight depends on how much padding its "
-                    "micro-batch gives it. Set gmts_vespo_trl_padding=True to reproduce "
-                    "TRL's loss exactly, or use a range that contains 1"
-                )
+        problems.extend(self.loss_type_entry.objective.checks(self))
         if self.off_policy_mask_threshold is not None and not math.isfinite(
             float(self.off_policy_mask_threshold)
         ):
@@ -225,83 +167,83 @@ class TRLLossOptions:
         return self._build()
 
     def _build(self) -> ObjectiveConfig:
-        loss_type = _loss_type(self.loss_type)
-        kl = dict(
+        entry = self.loss_type_entry
+        return ObjectiveConfig(
+            name=entry.objective.name,
+            ratio_level=self.importance_sampling_level,
             kl_coef=self.beta,
             kl_estimator="k3",
             kl_ratio_correction=bool(self.beta != 0.0 and self.use_bias_correction_kl),
-            aggregation=loss_type.aggregation,
+            aggregation=entry.aggregation,
+            **entry.objective.fields(self),
         )
-        level = self.importance_sampling_level
-        if loss_type.objective == "ppo":
-            own = dict(
-                clip_low=min(self.epsilon_low, 1.0),
-                clip_high=self.epsilon_high,
-                dual_clip=self.delta,
-                dual_clip_all_signs=self.delta is not None,
-            )
-        elif loss_type.objective == "cispo":
-            own = dict(clip_low=1.0, clip_high=self.epsilon_high - 1.0)
-        elif loss_type.objective == "sapo":
-            own = dict(
-                sapo_tau_pos=self.sapo_temperature_pos, sapo_tau_neg=self.sapo_temperature_neg
-            )
-        else:  # vespo: its weight reads the token ratios whatever the level (TRL's log_ratio);
-            # the level is the ratio of TRL's bias-corrected KL (coef_1)
-            own = dict(
-                vespo_k_pos=self.vespo_k_pos,
-                vespo_lambda_pos=self.vespo_lambda_pos,
-                vespo_k_neg=self.vespo_k_neg,
-                vespo_lambda_neg=self.vespo_lambda_neg,
-            )
-        return ObjectiveConfig(name=loss_type.objective, ratio_level=level, **own, **kl)
 
     @property
-    def divisor_rule(self) -> str:
-        """The divisor rule of :func:`trl_divisor` for this loss type."""
-        return _loss_type(self.loss_type).divisor
+    def loss_type_entry(self) -> TRLLossType:
+        """This ``loss_type``'s table entry (ValueError listing the known ones)."""
+        return LOSS_TYPE_TABLE.get(self.loss_type)
 
 
 # ------------------------------------------------------------------------------------------
 # divisors
 
 
-def trl_divisor(
-    rule: str,
-    *,
-    rows: int,
-    num_items_in_batch: torch.Tensor | float | None,
-    num_processes: int,
-    accumulation: int,
-    steps_per_generation: int,
-    max_completion_length: int,
-    train: bool,
-) -> tuple[float | None, float]:
-    """``(divisor, scale)`` of TRL 1.16's loss for one micro-batch: the loss is the numerator
-    divided by ``divisor`` (None: the micro-batch's own valid-token count, TRL's
-    ``mask.sum()``) and then by ``scale`` (TRL's division by the accumulation steps; in eval
-    TRL neither splits nor accumulates).
+@dataclass(frozen=True)
+class DivisorInputs:
+    """What TRL 1.16's divisor of one micro-batch's loss reads.
 
-    Args:
-        rule: the loss type's :attr:`TRLLossType.divisor`.
+    Attributes:
         rows: ``B``, the micro-batch's local rows (every row, also those without a valid token).
         num_items_in_batch: TRL's global valid-token count of the generation batch.
+        num_processes: accelerate's processes.
+        accumulation: the gradient-accumulation steps of this optimizer step.
+        steps_per_generation: micro-batches per generation batch.
+        max_completion_length: TRL's response budget.
+        train: a training micro-batch (in eval TRL neither splits nor accumulates).
     """
-    steps = float(accumulation if train else 1)
-    if rule == "rows":
-        return float(rows), steps
-    if rule == "local-tokens":
-        return None, steps
-    if rule == "rows-horizon":
-        return float(rows * max_completion_length), steps
-    if rule == "window-tokens":
-        if num_items_in_batch is None:
-            raise ValueError("this loss type divides by num_items_in_batch, missing from inputs")
-        divisor = float(torch.as_tensor(num_items_in_batch).clamp(min=1.0)) / num_processes
-        if train:  # the generation batch's count, rescaled to one accumulation window
-            divisor *= accumulation / steps_per_generation
-        return divisor, 1.0
-    raise ValueError(f"divisor rule must be one of {list(DIVISOR_RULES)}, got {rule!r}")
+
+    rows: int
+    num_items_in_batch: torch.Tensor | float | None
+    num_processes: int
+    accumulation: int
+    steps_per_generation: int
+    max_completion_length: int
+    train: bool
+
+    @property
+    def steps(self) -> float:
+        """TRL's division by the accumulation steps (1 in eval)."""
+        return float(self.accumulation if self.train else 1)
+
+
+DivisorFn = Callable[[DivisorInputs], tuple[float | None, float]]
+"""``(divisor, scale)`` of one micro-batch: the loss is the numerator divided by ``divisor``
+(None: the micro-batch's own valid-token count, TRL's ``mask.sum()``) and then by ``scale``."""
+
+
+def _rows(d: DivisorInputs) -> tuple[float | None, float]:
+    """The micro-batch's local rows."""
+    return float(d.rows), d.steps
+
+
+def _local_tokens(d: DivisorInputs) -> tuple[float | None, float]:
+    """The micro-batch's local valid tokens (``mask.sum()``)."""
+    return None, d.steps
+
+
+def _rows_horizon(d: DivisorInputs) -> tuple[float | None, float]:
+    """``B * max_completion_length``, a constant."""
+    return float(d.rows * d.max_completion_length), d.steps
+
+
+def _window_tokens(d: DivisorInputs) -> tuple[float | None, float]:
+    """The window's share of ``num_items_in_batch`` per process; no accumulation scaling."""
+    if d.num_items_in_batch is None:
+        raise ValueError("this loss type divides by num_items_in_batch, missing from inputs")
+    divisor = float(torch.as_tensor(d.num_items_in_batch).clamp(min=1.0)) / d.num_processes
+    if d.train:  # the generation batch's count, rescaled to one accumulation window
+        divisor *= d.accumulation / d.steps_per_generation
+    return divisor, 1.0
 
 
 # ------------------------------------------------------------------------------------------
@@ -356,6 +298,52 @@ def _first_valid(mask: torch.Tensor) -> torch.Tensor:
     return mask & (mask.long().cumsum(-1) == 1)
 
 
+def _weighted_factors(
+    options: TRLLossOptions,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    importance_sampling_ratio: torch.Tensor | None,
+    off_policy_mask: torch.Tensor | None,
+) -> PolicyFactors:
+    """ppo, cispo, sapo: TRL multiplies the policy term by the off-policy mask and (with vLLM
+    correction) the IS ratio; their product is the core's importance weights."""
+    weights = None
+    if options.vllm_is_mode is not None:
+        if importance_sampling_ratio is None:
+            raise ValueError(
+                "vLLM importance-sampling correction is on but inputs lack importance_sampling_ratio"
+            )
+        weights = importance_sampling_ratio.detach()
+    if off_policy_mask is not None:
+        keep = off_policy_mask.detach().to(torch.float32 if weights is None else weights.dtype)
+        weights = keep if weights is None else weights * keep
+    return PolicyFactors(advantages, weights)
+
+
+def _vespo_factors(
+    options: TRLLossOptions,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    importance_sampling_ratio: torch.Tensor | None,
+    off_policy_mask: torch.Tensor | None,
+) -> PolicyFactors:
+    """vespo: the IS ratio enters the gamma weight phi (a ``(B, 1)`` sequence ratio on the
+    first valid token of its row), never multiplies the loss; the off-policy mask zeroes the
+    advantages of the rows it drops (:func:`policy_factors`)."""
+    weights, padding = None, None
+    if importance_sampling_ratio is not None:
+        ratio = importance_sampling_ratio.detach()
+        if ratio.dim() == 2 and ratio.shape[1] == 1 and mask.shape[1] != 1:
+            ratio = torch.where(_first_valid(mask), ratio, torch.ones_like(ratio))
+        elif options.vespo_trl_padding:
+            padding = vespo_padding_ratio(ratio, mask)
+        weights = ratio
+    if off_policy_mask is not None:
+        adv = advantages[:, None] if advantages.dim() == 1 else advantages
+        advantages = adv * off_policy_mask.to(adv.dtype)
+    return PolicyFactors(advantages, weights, padding)
+
+
 def policy_factors(
     options: TRLLossOptions,
     *,
@@ -376,36 +364,138 @@ def policy_factors(
     sums the logs of per-token weights over the valid tokens, so a ``(B, 1)`` sequence ratio is
     put on the first valid token of its row, exactly its log once), and TRL does not multiply
     the loss by it. TRL also sums the token ratio's log over the positions outside the mask;
-    with ``options.vespo_trl_padding`` their ratio is returned as ``vespo_padding_weight``. The off-policy mask, which VESPO still multiplies, is 0 only for rows
-    with A < 0 (TRL keeps A >= 0); VESPO's term is proportional to A, so zeroing those rows'
-    advantages is exactly the product.
+    with ``options.vespo_trl_padding`` their ratio is returned as ``vespo_padding_weight``. The
+    off-policy mask, which VESPO still multiplies, is 0 only for rows with A < 0 (TRL keeps
+    A >= 0); VESPO's term is proportional to A, so zeroing those rows' advantages is exactly
+    the product.
 
     Args:
         mask: ``(B, T)`` bool valid tokens (TRL's ``completion_mask * tool_mask``).
         importance_sampling_ratio: TRL's ratio when TRL applies it (vespo: whenever present).
         off_policy_mask: TRL's ``get_off_policy_mask`` ``(B, 1)``, or None.
     """
-    weights = None
-    if options.loss_type == "vespo":
-        padding = None
-        if importance_sampling_ratio is not None:
-            ratio = importance_sampling_ratio.detach()
-            if ratio.dim() == 2 and ratio.shape[1] == 1 and mask.shape[1] != 1:
-                ratio = torch.where(_first_valid(mask), ratio, torch.ones_like(ratio))
-            elif options.vespo_trl_padding:
-                padding = vespo_padding_ratio(ratio, mask)
-            weights = ratio
-        if off_policy_mask is not None:
-            adv = advantages[:, None] if advantages.dim() == 1 else advantages
-            advantages = adv * off_policy_mask.to(adv.dtype)
-        return PolicyFactors(advantages, weights, padding)
-    if options.vllm_is_mode is not None:
-        if importance_sampling_ratio is None:
-            raise ValueError(
-                "vLLM importance-sampling correction is on but inputs lack importance_sampling_ratio"
-            )
-        weights = importance_sampling_ratio.detach()
-    if off_policy_mask is not None:
-        keep = off_policy_mask.detach().to(torch.float32 if weights is None else weights.dtype)
-        weights = keep if weights is None else weights * keep
-    return PolicyFactors(advantages, weights)
+    factors = options.loss_type_entry.objective.factors
+    return factors(options, advantages, mask, importance_sampling_ratio, off_policy_mask)
+
+
+# ------------------------------------------------------------------------------------------
+# the table: each TRL objective and each loss_type
+
+
+def _ppo_fields(o: TRLLossOptions) -> dict[str, Any]:
+    return dict(
+        clip_low=min(o.epsilon_low, 1.0),
+        clip_high=o.epsilon_high,
+        dual_clip=o.delta,
+        dual_clip_all_signs=o.delta is not None,
+    )
+
+
+def _cispo_fields(o: TRLLossOptions) -> dict[str, Any]:
+    return dict(clip_low=1.0, clip_high=o.epsilon_high - 1.0)
+
+
+def _sapo_fields(o: TRLLossOptions) -> dict[str, Any]:
+    return dict(sapo_tau_pos=o.sapo_temperature_pos, sapo_tau_neg=o.sapo_temperature_neg)
+
+
+def _vespo_fields(o: TRLLossOptions) -> dict[str, Any]:
+    # its weight reads the token ratios whatever the level (TRL's log_ratio); the level is the
+    # ratio of TRL's bias-corrected KL (coef_1)
+    return dict(
+        vespo_k_pos=o.vespo_k_pos,
+        vespo_lambda_pos=o.vespo_lambda_pos,
+        vespo_k_neg=o.vespo_k_neg,
+        vespo_lambda_neg=o.vespo_lambda_neg,
+    )
+
+
+def _no_vespo_padding(o: TRLLossOptions) -> list[str]:
+    """Every objective but vespo: ``gmts_vespo_trl_padding`` does not apply."""
+    if not o.vespo_trl_padding:
+        return []
+    return [f"gmts_vespo_trl_padding=True applies to loss_type='vespo' only, not {o.loss_type!r}"]
+
+
+def _vespo_checks(o: TRLLossOptions) -> list[str]:
+    """vespo: a token IS range that excludes 1 only with ``gmts_vespo_trl_padding``."""
+    if o.vllm_is_mode not in ("token_truncate", "token_mask") or o.vespo_trl_padding:
+        return []
+    low = -math.inf if o.vllm_is_clip_min is None else o.vllm_is_clip_min
+    high = math.inf if o.vllm_is_clip_max is None else o.vllm_is_clip_max
+    if low <= 1.0 <= high:
+        return []
+    what = "clipped to it" if o.vllm_is_mode == "token_truncate" else "masked to 0"
+    return [
+        "loss_type='vespo' with a vLLM importance-sampling range "
+        f"[{o.vllm_is_clip_min}, {o.vllm_is_clip_max}] that excludes 1: TRL "
+        "1.16's get_gamma_weights sums log(ratio) over every position of the "
+        "micro-batch, padding included, where TRL's ratio is exp(0) = 1 "
+        f"{what}, so each row's VESPO weight depends on how much padding its "
+        "micro-batch gives it. Set gmts_vespo_trl_padding=True to reproduce "
+        "TRL's loss exactly, or use a range that contains 1"
+    ]
+
+
+FactorsFn = Callable[
+    [TRLLossOptions, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+    PolicyFactors,
+]
+
+
+@dataclass(frozen=True)
+class TRLObjective:
+    """A core objective as TRL's loss types use it.
+
+    Attributes:
+        name: the core objective.
+        fields: ``options -> {ObjectiveConfig field: value}``, its own settings.
+        factors: TRL's factors of its policy term (:func:`policy_factors`).
+        checks: ``options -> problems``, its own refusals.
+        clip_metrics: TRL logs ``clip_ratio/*`` for it.
+    """
+
+    name: str
+    fields: Callable[[TRLLossOptions], dict[str, Any]]
+    factors: FactorsFn = _weighted_factors
+    checks: Callable[[TRLLossOptions], list[str]] = _no_vespo_padding
+    clip_metrics: bool = False
+
+
+_PPO = TRLObjective("ppo", _ppo_fields, clip_metrics=True)
+_CISPO = TRLObjective("cispo", _cispo_fields)
+_SAPO = TRLObjective("sapo", _sapo_fields)
+_VESPO = TRLObjective("vespo", _vespo_fields, factors=_vespo_factors, checks=_vespo_checks)
+
+
+@dataclass(frozen=True)
+class TRLLossType:
+    """One TRL ``loss_type``: its core objective, the aggregation of its numerator and its
+    divisor."""
+
+    name: str
+    objective: TRLObjective
+    aggregation: str
+    divisor: DivisorFn
+
+
+LOSS_TYPE_TABLE = Registry[TRLLossType]("TRL loss_type")
+for _entry in (
+    # (per_token_loss * mask).sum(-1) / mask.sum(-1), mean over the local rows
+    TRLLossType("grpo", _PPO, "seq-mean-token-mean", _rows),
+    TRLLossType("sapo", _SAPO, "seq-mean-token-mean", _rows),
+    # (per_token_loss * mask).sum() / mask.sum(): the micro-batch's local tokens
+    TRLLossType("bnpo", _PPO, "token-mean", _local_tokens),
+    # (per_token_loss * mask).sum() / (B * max_completion_length)
+    TRLLossType("dr_grpo", _PPO, "token-mean", _rows_horizon),
+    # (per_token_loss * mask).sum() / the window's share of num_items_in_batch
+    TRLLossType("dapo", _PPO, "token-mean", _window_tokens),
+    TRLLossType("cispo", _CISPO, "token-mean", _window_tokens),
+    TRLLossType("vespo", _VESPO, "token-mean", _window_tokens),
+    # (per_token_loss * mask).sum(-1).mean(): each row's token sum, mean over ALL local rows
+    TRLLossType("luspo", _PPO, "seq-mean-token-sum", _rows),
+):
+    LOSS_TYPE_TABLE.register(_entry)
+
+LOSS_TYPES: tuple[str, ...] = tuple(LOSS_TYPE_TABLE)
+"""Every TRL 1.16 ``loss_type``, all supported."""

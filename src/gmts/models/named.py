@@ -91,18 +91,9 @@ class NamedModel:
 _NAMED: Registry[NamedModel] = Registry("named model")
 
 
-def register_named_model(model: NamedModel) -> NamedModel:
-    """Add ``model`` under its name (a duplicate raises)."""
-    return _NAMED.add(model.name, model)
-
-
-def get_named_model(name: str) -> NamedModel:
-    """The named model ``name``; an unknown name raises listing the valid ones."""
-    return _NAMED.get(name)
-
-
-def available_named_models() -> list[str]:
-    return _NAMED.names()
+register_named_model = _NAMED.register
+get_named_model = _NAMED.get
+available_named_models = _NAMED.names
 
 
 register_named_model(

@@ -55,21 +55,12 @@ class Verifier:
     runs_code: bool = False
 
 
-_VERIFIERS: Registry[Verifier] = Registry("verifier")
+_VERIFIERS = Registry[Verifier]("verifier")
 
 
-def register_verifier(verifier: Verifier) -> Verifier:
-    """Add ``verifier`` under its name (a duplicate raises)."""
-    return _VERIFIERS.add(verifier.name, verifier)
-
-
-def get_verifier(name: str) -> Verifier:
-    """The verifier called ``name``; an unknown name raises ValueError listing valid ones."""
-    return _VERIFIERS.get(name)
-
-
-def available_verifiers() -> list[str]:
-    return _VERIFIERS.names()
+register_verifier = _VERIFIERS.register
+get_verifier = _VERIFIERS.get
+available_verifiers = _VERIFIERS.names
 
 
 def answer_verifier(

@@ -35,10 +35,10 @@ import torch
 
 from gmts.scale.distributed import barrier, init_process_group
 from gmts.scale.layers import decoder_layers
-from gmts.scale.memory_plan import Layout, PlanSettings
+from gmts.scale.layout import Layout, PlanSettings
 from gmts.scale.model_cost import ModelShape
 from gmts.scale.precision import Precision
-from gmts.scale.strategy import STRATEGIES, Strategy
+from gmts.scale.strategy_base import Strategy
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
@@ -187,6 +187,3 @@ class FullyShard(Strategy):
 
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=options)
-
-
-STRATEGIES.add("fsdp", FullyShard)

@@ -59,22 +59,12 @@ class KLEstimator:
     help: str = ""
 
 
-_KL: Registry[KLEstimator] = Registry("KL estimator")
+_KL = Registry[KLEstimator]("KL estimator")
 
 
-def register_kl_estimator(estimator: KLEstimator) -> KLEstimator:
-    """Add ``estimator`` under its name (a duplicate raises)."""
-    return _KL.add(estimator.name, estimator)
-
-
-def get_kl_estimator(name: str) -> KLEstimator:
-    """The estimator called ``name``; an unknown name raises ValueError listing valid ones."""
-    return _KL.get(name)
-
-
-def available_kl_estimators() -> list[str]:
-    """Registered KL estimator names, sorted."""
-    return _KL.names()
+register_kl_estimator = _KL.register
+get_kl_estimator = _KL.get
+available_kl_estimators = _KL.names
 
 
 def _k3(d: torch.Tensor) -> torch.Tensor:

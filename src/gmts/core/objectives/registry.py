@@ -87,22 +87,12 @@ class Objective:
             raise ValueError(f"ratio_levels must be a non-empty subset of {list(RATIO_LEVELS)}")
 
 
-_OBJECTIVES: Registry[Objective] = Registry("objective")
+_OBJECTIVES = Registry[Objective]("objective")
 
 
-def register_objective(objective: Objective) -> Objective:
-    """Add ``objective`` under its name (a duplicate raises). Returns it."""
-    return _OBJECTIVES.add(objective.name, objective)
-
-
-def get_objective(name: str) -> Objective:
-    """The objective called ``name``; an unknown name raises ValueError listing valid ones."""
-    return _OBJECTIVES.get(name)
-
-
-def available_objectives() -> list[str]:
-    """Registered objective names, sorted."""
-    return _OBJECTIVES.names()
+register_objective = _OBJECTIVES.register
+get_objective = _OBJECTIVES.get
+available_objectives = _OBJECTIVES.names
 
 
 def _ratio(inputs: ObjectiveInputs, config: ObjectiveConfig) -> Ratio:

@@ -1,0 +1,34 @@
+"""The demo's JSON record (``gmts demo --json``): the printed table, the paired comparisons,
+every run and where it ran (``benchmarks/report.py`` renders ``benchmarks/results/demo.json``
+into the docs)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gmts.cli.demo_runs import DemoResult, compare
+from gmts.cli.demo_tables import format_table
+from gmts.cli.provenance import load, utc_now
+
+
+def demo_record(
+    result: DemoResult, *, command: str, machine: dict[str, Any], commit: str | None
+) -> dict[str, Any]:
+    """The demo's JSON: the printed table, the paired comparisons, every run and where it ran
+    (``benchmarks/report.py`` renders ``benchmarks/results/demo.json`` into the docs).
+    ``commit``: the checkout's commit when the runs started (:func:`gmts.cli.provenance.git_commit`)."""
+    return {
+        "benchmark": "demo",
+        "status": "ok",
+        "command": command,
+        "date": utc_now(),
+        "commit": commit,
+        "threads": result.config.threads,
+        "wall_s": round(result.total_s, 1),
+        "machine": machine,
+        "uptime_after": load(),
+        "table": format_table(result),
+        "comparisons": [dataclasses.asdict(c) for c in compare(result)],
+        "result": dataclasses.asdict(result),
+    }
