@@ -35,6 +35,7 @@ from gmts.data.datasets import (
     dev_data_dirs,
     read_records,
 )
+from gmts.data.generated import addition_example, addition_rows, ask_for_number
 from gmts.rewards.verifiers import Verifier, get_verifier
 
 __all__ = [
@@ -308,6 +309,10 @@ for _benchmark in (
     Benchmark("humaneval", "HumanEval", {"test": "code/HumanEval.jsonl.gz"}, "test",
               _humaneval_row, "code", _HUMANEVAL, "greedy",
               hub={"test": HubSource("openai/openai_humaneval", "test")}),
+    # made by code (gmts.data.generated): within a small instruction-tuned model's reach
+    Benchmark("addition-2digit", "Addition (2 digits)", {"train": "", "test": ""}, "test",
+              addition_example, "plain", get_verifier("math"), max_new_tokens=128,
+              generate=addition_rows(10, 99, ask_for_number)),
     Benchmark("mbpp", "MBPP", _MBPP_SPLITS, "test", _mbpp_row, "code", _MBPP, "greedy",
               keep=_mbpp_keep, hub=_MBPP_HUB),
 ):
@@ -419,7 +424,3 @@ def _load_from_hub(source: HubSource) -> Iterable[dict[str, Any]]:
     except ImportError as error:
         raise ImportError("the `datasets` package is missing: pip install 'gmts[data]'") from error
     return hf_datasets.load_dataset(hub_location(source), source.config, split=source.split)
-
-
-# benchmarks made by code register themselves on import
-import gmts.data.generated  # noqa: E402, F401

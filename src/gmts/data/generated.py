@@ -1,4 +1,5 @@
-"""Benchmarks made by code: verifiable questions with disjoint train and test splits.
+"""Benchmarks made by code: verifiable questions with disjoint train and test splits (their
+rows; :mod:`gmts.data.benchmarks` registers them).
 
 A generated benchmark needs no data folder and no hub: its rows are computed, the same on every
 machine (no seeded RNG: each question's split and place come from a SHA-256 of its text). Used
@@ -19,11 +20,9 @@ import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gmts.data.benchmarks import Benchmark, register_benchmark
 from gmts.data.datasets import Example
-from gmts.rewards.verifiers import get_verifier
 
-__all__ = ["TEST_FRACTION", "addition_rows", "split_of"]
+__all__ = ["TEST_FRACTION", "addition_example", "addition_rows", "ask_for_number", "split_of"]
 
 TEST_FRACTION = 0.2
 """The share of a generated benchmark's questions in its test split."""
@@ -60,25 +59,12 @@ def addition_rows(
     return generate
 
 
-def _row(row: dict[str, Any], index: int, split: str) -> Example:
+def addition_example(row: dict[str, Any], index: int, split: str) -> Example:
+    """The row parser of :func:`addition_rows`' rows."""
     meta = {"a": row["a"], "b": row["b"]}
     return Example(f"{split}-{row['a']}+{row['b']}", row["question"], row["answer"], meta)
 
 
-def _ask_for_number(a: int, b: int) -> str:
+def ask_for_number(a: int, b: int) -> str:
+    """The question of ``addition-2digit``: the sum, asking for a number (not a format)."""
     return f"What is {a} + {b}? Give the final answer as a number."
-
-
-register_benchmark(
-    Benchmark(
-        "addition-2digit",
-        "Addition (2 digits)",
-        {"train": "", "test": ""},
-        "test",
-        _row,
-        "plain",
-        get_verifier("math"),
-        max_new_tokens=128,
-        generate=addition_rows(10, 99, _ask_for_number),
-    )
-)
