@@ -547,7 +547,7 @@ class Trainer:
             self._signal_watch = ZeroSignalWatch(
                 *self.reward_expects,
                 dynamic_sampling=bool(self.cfg.rollout.dynamic_sampling),
-                steps=min(ZERO_SIGNAL_STEPS, self.cfg.optim.steps - step),
+                steps=max(1, min(ZERO_SIGNAL_STEPS, self.cfg.optim.steps - step)),
             )
         self._signal_watch.observe(collected)
 
