@@ -74,3 +74,28 @@ def test_own_file_options_and_errors(tiny_task_model_dir: Path, tmp_path: Path, 
     rc = main(["eval", "--model", model, "--benchmarks", str(data), "--reward", "nope"])
     assert rc == 2
     assert "unknown reward 'nope'" in capsys.readouterr().err
+
+
+def test_own_file_of_the_tasks_questions_matches_the_builtin_task(
+    tiny_task_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """The built-in task's held-out questions written to a file and scored with the exact
+    reward: greedy, the same completions and rewards as ``builtin:addition``."""
+    from gmts.embedded.tasks import get_task
+
+    problems = get_task("addition").held_out(4)
+    data = _rows(
+        tmp_path / "held.jsonl", [{"problem": p.prompt, "answer": p.answer} for p in problems]
+    )
+    out = tmp_path / "res.json"
+    rc = main([
+        "eval", "--model", str(tiny_task_model_dir), "--benchmarks", f"{data},builtin:addition",
+        "--reward", "exact", "--template", "plain", "--limit", "4", "--temperature", "0",
+        "--max-new-tokens", "10", "--out", str(out), "--device", "cpu", "--no-progress",
+    ])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    results = json.loads(out.read_text())["results"]
+    mine, builtin = results[str(data)], results["builtin:addition"]
+    assert [r["question"] for r in mine] == [r["question"] for r in builtin]
+    assert [r["completions"] for r in mine] == [r["completions"] for r in builtin]
+    assert [r["rewards"] for r in mine] == [r["rewards"] for r in builtin]

@@ -185,3 +185,19 @@ def test_every_registered_reward_says_what_it_expects() -> None:
 
     for name in available_rewards():
         assert reward_description(name), name
+
+
+def test_the_embedded_model_checks_the_data_before_its_warm_start_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building the warm start takes minutes on first use: unreadable data fails first."""
+    import gmts.embedded.warmstart as warmstart
+
+    def never(*_, **__):
+        raise AssertionError("the warm start was built before the data was checked")
+
+    monkeypatch.setattr(warmstart, "warm_start", never)
+    words = _jsonl(tmp_path / "words.jsonl", [{"problem": "What is 2+2?", "answer": "4"}])
+    cfg = load_config(None, [f"data.dataset={words}", f"logging.output_dir={tmp_path / 'r'}"])
+    with pytest.raises(ValueError, match="data.dataset: the model's tokenizer cannot encode"):
+        Trainer(cfg)

@@ -40,6 +40,7 @@ from gmts.core.distributed import all_reduce_sum
 from gmts.core.loss import LossConfig
 from gmts.models.context import check_fits, context_limit, longest_prompt
 from gmts.models.loading import (
+    EMBEDDED,
     ModelPathError,
     load_model_config,
     load_tokenizer,
@@ -177,6 +178,9 @@ class Trainer:
         if reward_fn is not None:
             self.reward_expects = ("the reward_fn given to the trainer", "")
         self._signal_watch: ZeroSignalWatch | None = None  # made at the first step (rank 0)
+
+        if cfg.model.path == EMBEDDED:  # its tokenizer is known before the warm start is built
+            self._check_embedded_can_read(examples, eval_examples)
 
         # The model: rank 0 builds/caches the embedded warm start first, then the others.
         if self.info.is_main:
@@ -320,6 +324,24 @@ class Trainer:
             truncate_metrics(self.run_dir, last)
             truncate_metrics(self.run_dir, last - 1, EVAL_FILE)
             (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+
+    def _check_embedded_can_read(self, *datasets: list[tuple[str, str]] | None) -> None:
+        """Render the datasets with the embedded model's tokenizer before its warm start is
+        built (minutes on first use): text it cannot encode fails now (train/alphabet.py)."""
+        from gmts.embedded.tokenizer import build_char_tokenizer
+
+        tokenizer = build_char_tokenizer()
+        for what, examples in zip(("data.dataset", "data.eval_dataset"), datasets):
+            if examples:
+                DatasetSource(
+                    examples,
+                    tokenizer=tokenizer,
+                    template=self.cfg.data.template,
+                    max_prompt_tokens=self.cfg.rollout.max_prompt_length,
+                    shuffle=False,
+                    seed=0,
+                    what=what,
+                )
 
     def _model_path(self, progress: bool) -> str:
         """``model.path`` resolved (the embedded warm start is built on first use)."""
@@ -481,7 +503,7 @@ class Trainer:
             self._signal_watch = ZeroSignalWatch(
                 *self.reward_expects,
                 dynamic_sampling=bool(self.cfg.rollout.dynamic_sampling),
-                steps=min(ZERO_SIGNAL_STEPS, self.cfg.optim.steps - step),
+                steps=max(1, min(ZERO_SIGNAL_STEPS, self.cfg.optim.steps - step)),
             )
         self._signal_watch.observe(collected)
 
