@@ -264,7 +264,7 @@ def start_seed(base: TrainConfig, settings: DemoSettings, seed: int, progress: b
         model_path = str(warm)
         spent = time.perf_counter() - t0
     cfg = method_config(base, settings.methods[0], model_path, settings.output_dir, progress, seed)
-    before = Trainer(cfg).evaluate() or {}
+    before = Trainer(cfg, overwrite=True).evaluate() or {}  # the demo rewrites its runs
     return SeedStart(seed, model_path, info, spent, before)
 
 
@@ -279,7 +279,7 @@ def train_method(
 
     _pin_threads(base)
     cfg = method_config(base, method, start.model_path, settings.output_dir, progress, start.seed)
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, overwrite=True)  # the demo rewrites its runs
     trainer.logger.log(0, start.before, EVAL_FILE)  # step 0 of the curve
     t0 = time.perf_counter()
     run = trainer.run()
