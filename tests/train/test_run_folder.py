@@ -236,6 +236,23 @@ def test_manifest_names_the_damaged_file(tmp_path):
     assert manifest_problem(folder, under="model/") == "model/w.bin is missing"
 
 
+def test_block_checksums_equal_hashlib_over_each_slice(tmp_path):
+    import hashlib
+
+    from gmts.models.manifest import _sha256_blocks
+
+    sizes = [0, 1, 63, 64, 65, 200]
+    paths = []
+    for n in sizes:
+        paths.append(tmp_path / f"f{n}")
+        paths[-1].write_bytes(os.urandom(n))
+    got = _sha256_blocks(paths, block=64)
+    for path, n, digests in zip(paths, sizes, got, strict=True):
+        data = path.read_bytes()
+        expected = [hashlib.sha256(data[i : i + 64]).hexdigest() for i in range(0, n or 1, 64)]
+        assert digests == expected
+
+
 @pytest.mark.parametrize("damaged", ["trainer_state.pt", "model/model.safetensors"])
 def test_resume_and_eval_skip_a_damaged_newest_checkpoint(tiny_dir, tmp_path, capsys, damaged):
     run = tmp_path / "run"

@@ -2,7 +2,12 @@
 
 ``<checkpoint>/manifest.json``::
 
-    {"version": 1, "files": {"model/model.safetensors": {"bytes": 1234, "sha256": "..."}, ...}}
+    {"version": 1, "block_bytes": 67108864,
+     "files": {"model/model.safetensors": {"bytes": 1234, "sha256": ["<block 0>", ...]}, ...}}
+
+A file's sha256 is taken per 64 MiB block, so the blocks of every file hash in parallel
+(hashlib releases the GIL): one core hashed 0.4 GB/s on the shared 2-core test machine, and a
+7B run's checkpoint (float32 weights + AdamW state, about 84 GB) is one 56 GB file.
 
 The trainer writes it after every other file of the checkpoint is flushed to disk, so a folder
 whose manifest is missing or disagrees with its files was not written completely (a power loss
@@ -19,6 +24,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
 
 MANIFEST_FILE = "manifest.json"
 _VERSION = 1
+_BLOCK = 1 << 26  # 64 MiB: the unit hashed in parallel
 _CHUNK = 1 << 22  # 4 MiB reads
 
 
@@ -39,12 +46,31 @@ class DamagedCheckpointWarning(UserWarning):
     """A checkpoint whose files do not match its manifest was skipped."""
 
 
-def _sha256(path: Path) -> str:
+def _block_sha256(path: Path, offset: int, block: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
+        fh.seek(offset)
+        left = block
+        while left > 0 and (chunk := fh.read(min(_CHUNK, left))):
             digest.update(chunk)
+            left -= len(chunk)
     return digest.hexdigest()
+
+
+def _sha256_blocks(paths: list[Path], block: int = _BLOCK) -> list[list[str]]:
+    """Each file's sha256 per ``block`` bytes (an empty file: one digest of nothing), the
+    blocks of all files hashed on a thread per CPU."""
+    jobs = [
+        (i, p, off) for i, p in enumerate(paths) for off in range(0, p.stat().st_size or 1, block)
+    ]
+    out: list[list[str]] = [[] for _ in paths]
+    if not jobs:
+        return out
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        digests = pool.map(lambda job: _block_sha256(job[1], job[2], block), jobs)
+        for (i, _, _), digest in zip(jobs, digests, strict=True):
+            out[i].append(digest)
+    return out
 
 
 def _files(folder: Path) -> list[Path]:
@@ -70,13 +96,15 @@ def write_manifest(folder: str | Path) -> Path:
     rest reached the disk. Returns its path.
     """
     folder = Path(folder)
+    paths = _files(folder)
     files = {
-        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-        for p in _files(folder)
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": digests}
+        for p, digests in zip(paths, _sha256_blocks(paths), strict=True)
     }
+    record = {"version": _VERSION, "block_bytes": _BLOCK, "files": files}
     path = folder / MANIFEST_FILE
     with open(path, "w") as fh:
-        json.dump({"version": _VERSION, "files": files}, fh, indent=1, sort_keys=True)
+        json.dump(record, fh, indent=1, sort_keys=True)
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
@@ -97,19 +125,22 @@ def manifest_problem(folder: str | Path, *, under: str = "") -> str | None:
     if not path.is_file():
         return None
     try:
-        listed = json.loads(path.read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        record = json.loads(path.read_text())
+        block = int(record["block_bytes"])
+        listed = {k: v for k, v in sorted(record["files"].items()) if k.startswith(under)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"{MANIFEST_FILE} is unreadable ({type(exc).__name__})"
-    for name, entry in sorted(listed.items()):
-        if not name.startswith(under):
-            continue
+    for name, entry in listed.items():  # sizes first: cheap, and most damage shows there
         file = folder / name
         if not file.is_file():
             return f"{name} is missing"
         size = file.stat().st_size
         if size != entry["bytes"]:
             return f"{name} has {size} bytes, the manifest says {entry['bytes']}"
-        if _sha256(file) != entry["sha256"]:
+    names = list(listed)
+    found = _sha256_blocks([folder / n for n in names], block)
+    for name, digests in zip(names, found, strict=True):
+        if digests != listed[name]["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
     return None
 
