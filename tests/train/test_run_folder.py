@@ -284,6 +284,17 @@ def test_resume_with_every_checkpoint_damaged_is_an_error(tiny_dir, tmp_path, ca
     assert code == 2 and "(1 damaged, skipped)" in _one_line_error(err)
 
 
+def test_unverified_checkpoint_that_cannot_be_read_is_a_one_line_error(tiny_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    _run(tiny_dir, run, "checkpoint.save_final=true")
+    folder = run / "checkpoints" / "step_000002"
+    (folder / MANIFEST_FILE).unlink()  # as written before manifests existed
+    _cut(folder / "trainer_state.pt")
+    code, err = _cli([*_overrides(tiny_dir, run), "--resume"], capsys)
+    line = _one_line_error(err)
+    assert code == 2 and f"cannot read {folder / 'trainer_state.pt'}" in line
+
+
 # --------------------------------------------------------------------------- write failures
 
 

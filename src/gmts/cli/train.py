@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 
 def exit_status_text() -> str:
@@ -42,7 +43,9 @@ class _IntermixedParser(argparse.ArgumentParser):
 
     _intermixing = False
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         if self._intermixing:  # the two passes of parse_known_intermixed_args
             return super().parse_known_args(args, namespace)
         self._intermixing = True

@@ -24,6 +24,7 @@ that fails (read-only folder, disk full) removes its temporary folder and raises
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -181,8 +182,17 @@ def _restore_architecture(folder: Path, model: Any) -> None:
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
-    """The ``trainer_state`` saved in checkpoint folder ``path`` (tensors on CPU)."""
-    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+    """The ``trainer_state`` saved in checkpoint folder ``path`` (tensors on CPU).
+
+    Raises:
+        ValueError: the file cannot be read (one line naming it: a checkpoint without a
+            manifest is not verified before this).
+    """
+    file = Path(path) / "trainer_state.pt"
+    try:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
+        raise ValueError(f"--resume: cannot read {file} ({_first_line(exc)})") from exc
 
 
 def _fsync_tree(path: Path) -> None:
