@@ -378,6 +378,17 @@ def test_shipped_trl_configs_parse_into_a_valid_gmts_config(config):
     assert script.model_name_or_path.startswith("Qwen/")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only case")
+def test_cli_with_bf16_on_a_cpu_says_in_one_line_what_to_change(capsys):
+    from gmts.integrations.trl_cli import BF16_ON_CPU, main
+
+    config = str(TRL_CONFIGS[0])  # bf16: true, as every shipped TRL config
+    assert main(["--config", config, "--train_file", "x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"gmts.integrations.trl_cli: error: {BF16_ON_CPU}"
+    assert "--use_cpu true --bf16 false" in BF16_ON_CPU
+
+
 def test_cli_dataset_and_reward(tmp_path):
     from gmts.integrations.trl_cli import GMTSScriptArguments, build_dataset, build_reward
 

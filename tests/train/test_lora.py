@@ -321,11 +321,14 @@ def test_resume_continues_bit_exactly(tiny_dir, tmp_path):
 def test_resume_with_other_lora_settings_is_refused(tiny_dir, tmp_path):
     run = tmp_path / "run"
     train(_config(tiny_dir, run, "checkpoint.save_final=true"), reward_fn=_tiny.partial_credit)
-    with pytest.raises(ValueError, match="r=4.*8; resume with the same model.lora"):
+    with pytest.raises(ValueError, match=r"differs .* in model.lora.rank \(4 -> 8\)"):
         Trainer(_config(tiny_dir, run, "model.lora.rank=8"), resume=True)
+    # past the config comparison (--allow-config-change), the checkpoint itself refuses
+    with pytest.raises(ValueError, match="r=4.*8; resume with the same model.lora"):
+        Trainer(_config(tiny_dir, run, "model.lora.rank=8"), resume=True, allow_config_change=True)
     full = _tiny.small_config(tiny_dir, run)  # model.lora: null
     with pytest.raises(ValueError, match="holds LoRA adapters, but model.lora is null"):
-        Trainer(full, resume=True)
+        Trainer(full, resume=True, allow_config_change=True)
 
 
 # --------------------------------------------------------------------------- bad configs

@@ -151,14 +151,18 @@ def test_non_finite_loss_skips_the_step(tiny_dir, tmp_path, monkeypatch):
     assert row["update/skipped_nonfinite"] == 1 and row["update/skipped_total"] == 1
 
 
-def test_fresh_run_replaces_an_earlier_runs_metrics(tiny_dir, tmp_path):
-    """Without --resume, rows left in the directory by an earlier run are not appended to."""
+def test_fresh_run_replaces_an_earlier_runs_metrics_only_with_overwrite(tiny_dir, tmp_path):
+    """Without --resume, rows left in the directory by an earlier run are kept (the run is
+    refused) or, with --overwrite, removed: never appended to."""
     run = tmp_path / "run"
     run.mkdir()
     for name in ("metrics.jsonl", "eval.jsonl"):
         (run / name).write_text("".join(f'{{"step": {s}, "old": 1}}\n' for s in (0, 1, 2, 3)))
     cfg = _tiny.small_config(tiny_dir, run, "optim.steps=1")
-    Trainer(cfg, reward_fn=_tiny.partial_credit).run()
+    with pytest.raises(ValueError, match="already holds a run"):
+        Trainer(cfg, reward_fn=_tiny.partial_credit)
+    assert len(read_metrics(run)) == 4
+    Trainer(cfg, overwrite=True, reward_fn=_tiny.partial_credit).run()
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1]
     assert "old" not in rows[0]

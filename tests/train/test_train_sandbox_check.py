@@ -26,7 +26,7 @@ def fake_train(monkeypatch: pytest.MonkeyPatch) -> list:
     """Replace the trainer: record the config and stop (no model is built)."""
     calls: list = []
 
-    def fake(cfg, *, resume=False, reward_fn=None):
+    def fake(cfg, **options):
         calls.append(cfg)
         raise _ReachedTrainer
 

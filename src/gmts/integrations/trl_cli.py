@@ -15,9 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GMTSScriptArguments", "build_dataset", "build_reward", "main"]
+__all__ = ["BF16_ON_CPU", "GMTSScriptArguments", "build_dataset", "build_reward", "main"]
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+BF16_ON_CPU = (
+    "bf16 is on (the configs in configs/trl set it, and it is TRL's default) but this machine "
+    "has no GPU that supports it; on a CPU add --use_cpu true --bf16 false (float32)"
+)
+"""What replaces transformers' ``Your setup doesn't support bf16/gpu`` traceback."""
 
 
 @dataclass
@@ -112,7 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gmts.models.loading import ModelPathError, resolve_model_path
 
     parser = TrlParser((GMTSScriptArguments, GMTSGRPOConfig))
-    script, training_args = parser.parse_args_and_config(args=None if argv is None else list(argv))
+    try:
+        script, training_args = parser.parse_args_and_config(
+            args=None if argv is None else list(argv)
+        )
+    except ValueError as exc:
+        if "bf16" not in str(exc):
+            raise
+        print(f"gmts.integrations.trl_cli: error: {BF16_ON_CPU}", file=sys.stderr)
+        return 2
     if not script.model_name_or_path:
         parser.error("--model_name_or_path is required")
     try:  # a named model (smollm2-135m-instruct), a .gguf file, a gmts run: their folder

@@ -6,8 +6,9 @@
   into the cache as a Hugging Face folder); a Hugging
   Face model folder (``config.json``) or a peft LoRA adapter folder (``adapter_config.json``,
   what a LoRA run's checkpoints hold); a gmts checkpoint (``<run>/checkpoints/step_000100``,
-  the model in ``model/``); a gmts training run (its newest checkpoint); a hub id
-  (``org/name``, where the hub is reachable).
+  the model in ``model/``); a gmts training run (its newest checkpoint whose weights match
+  its manifest, :mod:`gmts.models.manifest`); a hub id (``org/name``, where the hub is
+  reachable).
 - :func:`pick_device`: ``auto`` (this rank's GPU when CUDA is available, else the CPU),
   ``cpu``, ``cuda`` (this rank's GPU) or ``cuda:N``.
 - :func:`load_tokenizer`, :func:`load_model`: the tokenizer with a pad token; the causal LM with
@@ -32,6 +33,7 @@ from gmts.models.lora import (
     is_adapter_folder,
     merge_saved_adapters,
 )
+from gmts.models.manifest import newest_intact
 from gmts.models.named import (
     GGUFConversionError,
     available_named_models,
@@ -125,9 +127,12 @@ def resolve_model_path(
         for child in (root / CHECKPOINTS_DIR).iterdir():
             step = step_of(child.name)
             if step is not None and _is_model_folder(child / "model"):
-                steps.append((step, child / "model"))
-    if steps:
-        return str(max(steps)[1])
+                steps.append((step, child))
+    if steps:  # the newest whose weights match its manifest (a damaged one is warned of)
+        newest, skipped = newest_intact(steps, under="model/")
+        if newest is None:
+            raise ModelPathError(f"every checkpoint of {root} is damaged: {'; '.join(skipped)}")
+        return str(newest / "model")
     raise ModelPathError(
         f"no model found at {root}: expected config.json (or a LoRA run's {ADAPTER_CONFIG}) "
         f"there, in model/, or in {CHECKPOINTS_DIR}/step_*/model/"

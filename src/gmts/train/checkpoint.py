@@ -12,11 +12,19 @@ new one, never half of one. Leftover ``.tmp-*`` folders are ignored on resume an
 Folders are deleted (an older checkpoint beyond ``keep``, or the same step written again) by
 renaming them to a ``.tmp-`` name first, so a kill during a deletion cannot leave a
 ``step_NNNNNN`` folder that looks complete but has lost files either.
+
+Before the rename every file and folder is flushed to disk (fsync) and ``manifest.json`` (each
+file's size and sha256, :mod:`gmts.models.manifest`) is written last, so a power loss cannot
+leave a complete-looking folder with short files that nothing detects:
+:func:`latest_intact_checkpoint` skips a folder whose files do not match its manifest. A write
+that fails (read-only folder, disk full) removes its temporary folder and raises
+:class:`CheckpointWriteError`; the checkpoints already written stay.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -25,6 +33,12 @@ from typing import Any
 import torch
 
 from gmts.models.loading import CHECKPOINTS_DIR, step_dir_name, step_of
+from gmts.models.manifest import fsync_dir, newest_intact, write_manifest
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (the message fits on one line and names the newest
+    checkpoint that was)."""
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -72,9 +86,16 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None."""
+    """The newest complete checkpoint of a run, or None (its files are not verified: see
+    :func:`latest_intact_checkpoint`)."""
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1][1] if ckpts else None
+
+
+def latest_intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of a run whose files match its manifest (None: there is none),
+    and one line per newer damaged checkpoint skipped (each also warned)."""
+    return newest_intact(list_checkpoints(run_dir))
 
 
 def _remove_temporaries(root: Path) -> None:
@@ -101,24 +122,37 @@ def save_checkpoint(
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")  # [:-0] would keep everything
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_temporaries(root)
     final = root / step_dir_name(step)
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    model.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
-    _restore_architecture(tmp / "model", model)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp / "model")
-    torch.save(trainer_state, tmp / "trainer_state.pt")
-    _fsync_tree(tmp)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_temporaries(root)
+        tmp.mkdir()
+        model.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
+        _restore_architecture(tmp / "model", model)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "model")
+        torch.save(trainer_state, tmp / "trainer_state.pt")
+        _fsync_tree(tmp)
+        write_manifest(tmp)  # last: its presence says the rest is on disk
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        newest = latest_checkpoint(run_dir)
+        kept = f"the newest checkpoint is still {newest}" if newest else "no checkpoint was kept"
+        reason = _first_line(exc)
+        raise CheckpointWriteError(f"cannot write checkpoint {final} ({reason}); {kept}") from exc
     if final.exists():  # a re-run of the same step: replace it
         _discard(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     for _, old in list_checkpoints(run_dir)[:-keep]:
         _discard(old)
     return final
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _discard(folder: Path) -> None:
@@ -148,24 +182,25 @@ def _restore_architecture(folder: Path, model: Any) -> None:
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
-    """The ``trainer_state`` saved in checkpoint folder ``path`` (tensors on CPU)."""
-    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+    """The ``trainer_state`` saved in checkpoint folder ``path`` (tensors on CPU).
+
+    Raises:
+        ValueError: the file cannot be read (one line naming it: a checkpoint without a
+            manifest is not verified before this).
+    """
+    file = Path(path) / "trainer_state.pt"
+    try:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError) as exc:
+        raise ValueError(f"--resume: cannot read {file} ({_first_line(exc)})") from exc
 
 
 def _fsync_tree(path: Path) -> None:
+    """Flush every file under ``path`` and every folder's entries, deepest first."""
     for p in path.rglob("*"):
         if p.is_file():
             with open(p, "rb") as fh:
                 os.fsync(fh.fileno())
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    for folder in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(folder)
+    fsync_dir(path)

@@ -319,7 +319,7 @@ class OptimConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
+    every: int = _f(0, "Save a checkpoint every N steps and after the last (0: save_final only).")
     keep: int = _f(2, "Keep the last K checkpoints.")
     save_final: bool = _f(True, "Save a checkpoint after the last step.")
     preempt_signal: PreemptSignal | None = _f(

@@ -62,7 +62,7 @@ from gmts.scale.strategy import make_strategy
 from gmts.train import checkpoint as ckpt
 from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
-from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig, dump_yaml
+from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
 from gmts.train.correction import RolloutCorrection
 from gmts.train.engines import EngineInputs, check_engine, logprob_gap_metrics, make_engine
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
@@ -73,6 +73,7 @@ from gmts.train.preemption import (
     clear_marker,
     write_marker,
 )
+from gmts.train.run_folder import ResumeMode, RunStart, prepare_run_folder, record_start
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, ZeroSignalWatch
 from gmts.train.sources import (
@@ -119,8 +120,17 @@ class Trainer:
     """Owns the model, optimizer, data source and logger of one run."""
 
     def __init__(
-        self, cfg: TrainConfig, *, resume: bool = False, reward_fn: RewardFn | None = None
+        self,
+        cfg: TrainConfig,
+        *,
+        resume: ResumeMode = False,
+        overwrite: bool = False,
+        allow_config_change: bool = False,
+        reward_fn: RewardFn | None = None,
     ) -> None:
+        """``resume``, ``overwrite``, ``allow_config_change``: what the run may do with its
+        folder (``--resume [auto]``, ``--overwrite``, ``--allow-config-change``; checked
+        before anything loads, :mod:`gmts.train.run_folder`)."""
         self.cfg = cfg
         self.info: DistInfo = init_distributed(cfg.model.device)
         world = self.info.world_size
@@ -139,6 +149,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.logging.output_dir)
         show = cfg.logging.progress and self.info.is_main
+        # The run folder first: resume, refuse or clear it, and check it takes files.
+        self.start = self._start_in_run_folder(resume, overwrite, allow_config_change)
+        self.resume_from = self.start.checkpoint
 
         # Data and rewards first: a bad dataset or reward fails before any model is loaded.
         self.task = None
@@ -188,7 +201,6 @@ class Trainer:
         barrier(self.info)
         if not self.info.is_main:
             base_path = self._model_path(progress=False)
-        self.resume_from = ckpt.latest_checkpoint(self.run_dir) if resume else None
         load_path = str(self.resume_from / "model") if self.resume_from else base_path
         remote = cfg.model.trust_remote_code
         self.tokenizer = load_tokenizer(load_path, trust_remote_code=remote)
@@ -323,7 +335,36 @@ class Trainer:
             last = self.step if self.resume_from is not None else -1
             truncate_metrics(self.run_dir, last)
             truncate_metrics(self.run_dir, last - 1, EVAL_FILE)
-            (self.run_dir / "config.yaml").write_text(dump_yaml(cfg))
+            record_start(self.run_dir, cfg, self.start, self.step)
+            if self.resume_from is not None:
+                print(
+                    f"gmts train: resumed from step {self.step} ({self.resume_from})",
+                    file=sys.stderr,
+                )
+
+    def _start_in_run_folder(
+        self, resume: ResumeMode, overwrite: bool, allow_config_change: bool
+    ) -> RunStart:
+        """Rank 0 checks (and with ``overwrite`` clears) the run folder; every rank gets its
+        answer (the checkpoint's files are verified once, not once per rank)."""
+        start = None
+        if self.info.is_main:
+            start = prepare_run_folder(
+                self.cfg,
+                resume=resume,
+                overwrite=overwrite,
+                allow_config_change=allow_config_change,
+            )
+            if start.note is not None:
+                print(f"gmts train: {start.note}", file=sys.stderr)
+        if self.info.world_size > 1:
+            import torch.distributed as dist
+
+            shared = [start]
+            dist.broadcast_object_list(shared, src=0, group=self.info.group)
+            start = shared[0]
+        assert start is not None
+        return start
 
     def _check_embedded_can_read(self, *datasets: list[tuple[str, str]] | None) -> None:
         """Render the datasets with the embedded model's tokenizer before its warm start is
@@ -678,8 +719,8 @@ class Trainer:
                     acc=f"{metrics['reward/accuracy']:.2f}",
                     sel=f"{metrics.get('select/fraction', 1.0):.2f}",
                 )
-            if every and self.step % every == 0 and self.step < cfg.optim.steps:
-                self._save_once()
+            if every and (self.step % every == 0 or self.step == cfg.optim.steps):
+                self._save_once()  # the last step too, whatever save_final says
             self._stop_if_requested(guard, bar)  # a signal during the step or its save
             if self._evaluation_due():
                 self._evaluate_and_log()
@@ -738,10 +779,21 @@ class Trainer:
 
 
 def train(
-    cfg: TrainConfig, *, resume: bool = False, reward_fn: RewardFn | None = None
+    cfg: TrainConfig,
+    *,
+    resume: ResumeMode = False,
+    overwrite: bool = False,
+    allow_config_change: bool = False,
+    reward_fn: RewardFn | None = None,
 ) -> TrainResult:
     """Train a policy as ``cfg`` says; see :class:`Trainer`. Returns the history and evals."""
-    trainer = Trainer(cfg, resume=resume, reward_fn=reward_fn)
+    trainer = Trainer(
+        cfg,
+        resume=resume,
+        overwrite=overwrite,
+        allow_config_change=allow_config_change,
+        reward_fn=reward_fn,
+    )
     try:
         return trainer.run()
     finally:
