@@ -257,8 +257,8 @@ def _mbpp_keep(row: dict[str, Any], split: str) -> bool:
 
 # ----------------------------------------------------------------------------- the table
 
-# the paper's format: the math benchmarks read the last \boxed{} (`gmts eval --verifier math`
-# also reads an unboxed final number)
+# the paper's format: the math benchmarks read the last \boxed{} (the `math` verifier, which
+# also reads an unboxed final number, scores `addition-2digit` and your own files)
 _MATH, _CHOICE, _YES_NO = get_verifier("math-boxed"), get_verifier("choice"), get_verifier("yes_no")
 _HUMANEVAL, _MBPP = get_verifier("humaneval"), get_verifier("mbpp")
 _MBPP_SPLITS = {split: "code/mbpp.jsonl" for split in ("test", "train", "validation", "prompt")}

@@ -1,0 +1,226 @@
+"""The method comparison on a real model: SmolLM2-135M-Instruct trained with DAPO on
+``addition-2digit`` with all tokens, ETS top 20%, GMTS top 20% and a random 20% (the control),
+seeds 0-2 each (issue 24, item 5).
+
+Each run is ``gmts train --config configs/smollm2-135m-instruct/dapo-<method>.yaml seed=S``
+(plus ``--set`` overrides) in its own process, alone on the machine (runs are never side by
+side: two jobs on 2 cores distort each other's times). Within a seed every method starts from
+the same pretrained model and sees the same questions in the same order (the data order is
+seeded by the run seed); held-out average@k on ``addition-2digit``'s test split (no question
+shared with training) is taken before training, every ``data.eval_every`` steps and at the end.
+
+Each run writes ``<out>/real_model_runs/<method>-seed<S>.json`` as it finishes (its config, the
+held-out curve, every step's reward, selected fraction and time, the machine and load before and
+after, the command and the commit), so an interruption loses at most the run in flight; a run
+whose record holds the same config is not repeated. Runs go seed by seed (all methods of seed 0
+first), so a stopped comparison leaves whole seeds. The summary (``real_model_comparison.json``
+and the printed table) reports, as ``gmts demo`` does, each method's mean +- std over seeds and
+the paired differences A - B with their 95% t intervals ("within the seed spread" where the
+interval holds 0).
+
+    python benchmarks/real_model_comparison.py                    # the whole comparison
+    python benchmarks/real_model_comparison.py --seeds 1          # one seed of each method
+    python benchmarks/real_model_comparison.py --quick --out /tmp/q   # CI: 1 step, tiny batch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bench_common import machine_record, provenance_commit, utc_now  # noqa: E402
+
+from gmts.cli.demo_stats import mean_std, paired_difference  # noqa: E402
+from gmts.cli.provenance import load  # noqa: E402
+
+CONFIGS = REPO / "configs" / "smollm2-135m-instruct"
+METHODS = {
+    "all tokens": "none",
+    "ETS top 20%": "ets",
+    "GMTS top 20%": "gmts",
+    "random 20%": "random",
+}
+"""Table label -> the config's suffix (``dapo-<suffix>.yaml``)."""
+PAIRS = (
+    ("GMTS top 20%", "ETS top 20%"),
+    ("GMTS top 20%", "random 20%"),
+    ("GMTS top 20%", "all tokens"),
+    ("ETS top 20%", "all tokens"),
+    ("random 20%", "all tokens"),
+)
+QUICK = (
+    "optim.steps=1",
+    "rollout.questions_per_batch=2",
+    "rollout.group_size=2",
+    "rollout.max_response_length=16",
+    "data.eval_questions=2",
+    "data.eval_samples=2",
+    "data.eval_every=0",
+    "checkpoint.every=0",
+    "checkpoint.save_final=false",
+    "logging.progress=false",
+)
+
+
+def run_one(method: str, seed: int, out: Path, overrides: list[str]) -> dict[str, Any]:
+    """Train one run (unless its record with this config exists) and return its record."""
+    suffix = METHODS[method]
+    record_path = out / "real_model_runs" / f"{suffix}-seed{seed}.json"
+    run_dir = out / "runs" / f"{suffix}-seed{seed}"
+    config = CONFIGS / f"dapo-{suffix}.yaml"
+    args = [f"seed={seed}", f"logging.output_dir={run_dir}", *overrides]
+    if record_path.is_file():
+        old = json.loads(record_path.read_text())
+        if old.get("args") == args and old.get("config_file") == str(config.relative_to(REPO)):
+            return old
+    command = [sys.executable, "-m", "gmts", "train", "--config", str(config), "--overwrite"]
+    command += args
+    before, machine, started = load(), machine_record(), utc_now()
+    t0 = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, text=True, capture_output=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise SystemExit(f"run {suffix}-seed{seed} failed (exit {done.returncode}):\n{tail}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    record = {
+        "method": method,
+        "seed": seed,
+        "config_file": str(config.relative_to(REPO)),
+        "args": args,
+        "resolved_config": (run_dir / "config.yaml").read_text(),
+        "command": " ".join(command[1:]),
+        "commit": provenance_commit(REPO),
+        "started": started,
+        "finished": utc_now(),
+        "wall_s": round(wall, 1),
+        "load_before": before,
+        "load_after": load(),
+        "machine": machine,
+        "evals": evals,
+        "steps": [
+            {
+                key: row[key]
+                for key in (
+                    "step",
+                    "reward/mean",
+                    "reward/accuracy",
+                    "select/fraction",
+                    "time/step_s",
+                )
+                if key in row
+            }
+            for row in rows
+        ],
+    }
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    staging = record_path.with_suffix(".json.tmp")
+    staging.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(staging, record_path)
+    return record
+
+
+def _accuracy(row: dict[str, Any]) -> float:
+    """A held-out evaluation row's average@k in percent."""
+    key = next(k for k in row if k.startswith("average@"))
+    return 100.0 * float(row[key])
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per method: held-out accuracy before, at the end, its gain and the mean over the curve
+    (mean +- std over seeds); per pair of methods: the paired differences over common seeds."""
+    by_method: dict[str, dict[int, dict[str, float]]] = {}
+    for record in records:
+        curve = [_accuracy(row) for row in record["evals"]]
+        times = [s["time/step_s"] for s in record["steps"] if "time/step_s" in s]
+        by_method.setdefault(record["method"], {})[record["seed"]] = {
+            "start": curve[0],
+            "final": curve[-1],
+            "gain": curve[-1] - curve[0],
+            "mean": sum(curve) / len(curve),
+            "s_per_step": sum(times) / max(len(times), 1),
+        }
+    methods: dict[str, Any] = {}
+    for method, seeds in by_method.items():
+        methods[method] = {"seeds": sorted(seeds)}
+        for key in ("start", "final", "gain", "mean", "s_per_step"):
+            mean, std = mean_std([seeds[s][key] for s in sorted(seeds)])
+            methods[method][key] = {"mean": mean, "std": std}
+    pairs: list[dict[str, Any]] = []
+    for a, b in PAIRS:
+        common = sorted(set(by_method.get(a, {})) & set(by_method.get(b, {})))
+        if not common:
+            continue
+        for key in ("mean", "final"):
+            diff = paired_difference(
+                [by_method[a][s][key] for s in common], [by_method[b][s][key] for s in common]
+            )
+            pairs.append({"a": a, "b": b, "metric": key, "seeds": common, **diff.__dict__})
+    return {"methods": methods, "pairs": pairs}
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    def cell(stat: dict[str, Any]) -> str:
+        std = stat["std"]
+        return f"{stat['mean']:.1f}" + (f"±{std:.1f}" if std is not None else "")
+
+    lines = [f"{'method':<15}{'before':>11}{'final':>11}{'gain':>11}{'mean':>11}{'s/step':>9}"]
+    for method in METHODS:
+        if method not in summary["methods"]:
+            continue
+        m = summary["methods"][method]
+        cells = "".join(f"{cell(m[k]):>11}" for k in ("start", "final", "gain", "mean"))
+        lines.append(f"{method:<15}{cells}{m['s_per_step']['mean']:>9.1f}")
+    lines.append("paired by seed, A - B in points: mean±std [95% t interval]")
+    for p in summary["pairs"]:
+        spread = f"±{p['std']:.1f} [{p['low']:+.1f}, {p['high']:+.1f}]" if p["std"] else ""
+        verdict = ""
+        if p["low"] is not None:
+            clear = p["low"] > 0 or p["high"] < 0
+            verdict = "; larger than the seed spread" if clear else "; within the seed spread"
+        lines.append(
+            f"  {p['a']} - {p['b']} ({p['metric']}): {p['mean']:+.1f}{spread}; "
+            f"A ahead on {p['ahead']} of {len(p['seeds'])} seeds{verdict}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 of each method")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma list of labels")
+    parser.add_argument("--set", action="append", default=[], help="section.field=value")
+    parser.add_argument("--quick", action="store_true", help="1 step, tiny batch (CI)")
+    args = parser.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or args.seeds < 1:
+        parser.error(f"unknown methods {unknown} (valid: {list(METHODS)}) or seeds < 1")
+    overrides = [*(QUICK if args.quick else ()), *args.set]
+    out = Path(args.out)
+    records = []
+    for seed in range(args.seeds):
+        for method in methods:
+            record = run_one(method, seed, out, overrides)
+            records.append(record)
+            print(f"{method} seed {seed}: {record['wall_s']:.0f} s", flush=True)
+    summary = summarize(records)
+    summary["overrides"] = overrides
+    (out / "real_model_comparison.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""benchmarks/real_model_comparison.py end to end in its quick mode, on the real model
+(SmolLM2-135M-Instruct): each run's record written as it finishes and reused, the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "real_model_comparison.py"
+
+
+@pytest.mark.slow
+def test_quick_comparison_writes_each_run_and_reuses_it(tmp_path, real_model):
+    command = [sys.executable, str(SCRIPT), "--quick", "--seeds", "1", "--out", str(tmp_path)]
+    command += ["--methods", "all tokens,GMTS top 20%"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for suffix, fraction in (("none", 1.0), ("gmts", None)):
+        record = json.loads((tmp_path / "real_model_runs" / f"{suffix}-seed0.json").read_text())
+        assert record["seed"] == 0 and record["commit"] is not None
+        assert [row["step"] for row in record["evals"]] == [0, 1]  # before and after training
+        assert [step["step"] for step in record["steps"]] == [1]
+        assert 0.0 <= record["steps"][0]["reward/mean"] <= 1.0
+        if fraction is not None:
+            assert record["steps"][0]["select/fraction"] == fraction
+        else:  # the top 20% of the step's tokens (or none when no group had a signal)
+            assert record["steps"][0]["select/fraction"] <= 0.2 + 1e-9
+    summary = json.loads((tmp_path / "real_model_comparison.json").read_text())
+    assert set(summary["methods"]) == {"all tokens", "GMTS top 20%"}
+    assert summary["pairs"][0]["a"] == "GMTS top 20%" and summary["pairs"][0]["std"] is None
+    # a second call finds both records and trains nothing
+    mtime = (tmp_path / "real_model_runs" / "gmts-seed0.json").stat().st_mtime_ns
+    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "real_model_runs" / "gmts-seed0.json").stat().st_mtime_ns == mtime
