@@ -38,6 +38,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="built-in task to sample questions from (default: addition); without --model/--run "
         "the task's warm-start checkpoint is used",
     )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="sample questions from a benchmark (e.g. addition-2digit, gsm8k) or a .jsonl file "
+        "(problem/answer fields) instead of --task, rendered through the model's chat template "
+        "(for a real model, e.g. --model smollm2-135m-instruct)",
+    )
+    parser.add_argument(
+        "--template", default=None, help="--dataset: prompt template (default: the benchmark's)"
+    )
+    parser.add_argument(
+        "--reward", default=None, help="--dataset: reward of gmts.rewards (default: math)"
+    )
     parser.add_argument("--questions", "-K", type=int, default=8, help="questions K (default 8)")
     parser.add_argument(
         "--samples", "-G", type=int, default=8, help="answers per question G (default 8)"
@@ -83,6 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> str | None:
+    if args.dataset and not (args.model or args.run):
+        return "--dataset needs --model or --run (the embedded model reads digits only)"
     if args.questions < 1:
         return f"--questions must be >= 1, got {args.questions}"
     if args.samples < 2:
@@ -190,11 +205,17 @@ def run(args: argparse.Namespace) -> int:
     from gmts.models.loading import load_model, load_tokenizer, pick_device, torch_dtype
 
     try:
-        task = get_task(args.task)
+        task = None if args.dataset else get_task(args.task)
         device = pick_device(args.device)
         model_dir = resolve_model_dir(args)
         started = time.perf_counter()
         tokenizer = load_tokenizer(model_dir, pad_token=False)
+        if args.dataset:
+            from gmts.cli.analyze_questions import dataset_questions
+
+            task = dataset_questions(
+                args.dataset, tokenizer, template=args.template, reward=args.reward
+            )
         _check_context(model_dir, tokenizer, task, args)
     except ValueError as exc:
         print(f"gmts analyze: {exc}", file=sys.stderr)
@@ -218,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     )
     analysis.meta.update(model=str(model_dir), device=str(device), dtype=args.dtype)
     report = build_report(analysis, ratio=args.ratio)
-    out = Path(args.out or Path("runs") / "analyze" / args.task)
+    out = Path(args.out or Path("runs") / "analyze" / Path(args.dataset or args.task).stem)
     out.mkdir(parents=True, exist_ok=True)
     from gmts.analysis.plots import write_figures
 
@@ -230,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from gmts.analysis.html import write_html
 
-        title = f"gmts analyze: {args.task}, {model_dir.name}"
+        title = f"gmts analyze: {args.dataset or args.task}, {model_dir.name}"
         written.append(
             write_html(
                 analysis,

@@ -1,0 +1,86 @@
+"""Questions for ``gmts analyze --dataset``: a benchmark or a file of one's own, rendered for a
+real model (its chat template), in the shape ``sample_and_analyze`` reads from a built-in task
+(``name``, ``sample(n, rng)``, ``reward(completion, answer)``, ``max_new_tokens``)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gmts.data.datasets import Example
+from gmts.embedded.tasks import Problem
+
+__all__ = ["DatasetQuestions", "dataset_questions"]
+
+
+@dataclass(frozen=True)
+class DatasetQuestions:
+    """The questions of a dataset as an analysis task.
+
+    Attributes:
+        name: the dataset as given (a benchmark name or a file path).
+        examples: its questions with their gold answers.
+        render: question text -> the prompt the model continues (template + chat template).
+        score: ``reward(completion, gold) -> float`` (a reward of :mod:`gmts.rewards`).
+        max_new_tokens: the default generation budget.
+    """
+
+    name: str
+    examples: tuple[Example, ...]
+    render: Callable[[str], str]
+    score: Callable[[str, str], float]
+    max_new_tokens: int
+
+    def sample(self, n: int, rng: random.Random) -> list[Problem]:
+        """``n`` distinct questions (all of them when the dataset holds fewer), drawn by ``rng``."""
+        picked = rng.sample(range(len(self.examples)), min(n, len(self.examples)))
+        return [
+            Problem(self.render(self.examples[i].question), self.examples[i].answer) for i in picked
+        ]
+
+    def reward(self, completion: str, answer: str) -> float:
+        return float(self.score(completion, answer))
+
+
+def dataset_questions(
+    dataset: str,
+    tokenizer: Any,
+    *,
+    template: str | None,
+    reward: str | None,
+    max_new_tokens: int = 256,
+) -> DatasetQuestions:
+    """The questions of ``dataset`` (a benchmark of :mod:`gmts.data.benchmarks`, its default
+    split, or a ``.jsonl`` file with ``problem`` / ``answer`` fields) for ``gmts analyze``.
+
+    ``template`` (None: the benchmark's, ``plain`` for a file) renders each question through
+    the tokenizer's chat template; ``reward`` (None: ``math``) scores the answers. ValueError
+    (one line) for an unknown dataset, template or reward.
+    """
+    from gmts.data.benchmarks import available_benchmarks, get_benchmark, load_benchmark
+    from gmts.data.datasets import load_jsonl_dataset
+    from gmts.data.prompts import format_prompt, get_template
+    from gmts.rewards import get_reward
+
+    if dataset in available_benchmarks():
+        examples = load_benchmark(dataset)
+        template = template or get_benchmark(dataset).template
+    else:
+        try:
+            examples = load_jsonl_dataset(dataset, "problem", "answer")
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--dataset: {exc}") from None
+        template = template or "plain"
+    if not examples:
+        raise ValueError(f"--dataset: {dataset!r} holds no questions")
+    get_template(template)  # an unknown name raises listing the valid ones
+    score = get_reward(reward or "math")
+    return DatasetQuestions(
+        name=dataset,
+        examples=tuple(examples),
+        render=lambda question: format_prompt(tokenizer, question, template=template),
+        score=score,
+        max_new_tokens=max_new_tokens,
+    )
