@@ -62,12 +62,18 @@ def test_the_gguf_path_of_a_named_model_is_the_same_folder(real_model):
     assert resolve_model_path(str(gguf)) == real_model
 
 
-def test_a_changed_gguf_file_gets_a_new_key(tmp_path):
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"x" * 10)
-    first = named.conversion_key(gguf)
-    os.utime(gguf, ns=(0, 1_000_000_000))
-    assert named.conversion_key(gguf) != first
+def test_the_key_follows_the_content_not_the_place(tmp_path):
+    """The same file in two environments shares a conversion; a changed file does not."""
+    content = bytes(range(256)) * (3 * 4096 + 7)  # 3 MiB and a bit: head and tail differ
+    one, two = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    for path in (one, two):
+        path.parent.mkdir()
+        path.write_bytes(content)
+    os.utime(two, ns=(0, 1_000_000_000))
+    assert named.conversion_key(one) == named.conversion_key(two)
+    for changed in (content[:-1] + b"\x01", b"\x01" + content[1:], content + b"x"):
+        two.write_bytes(changed)
+        assert named.conversion_key(two) != named.conversion_key(one)
 
 
 def test_the_converted_model_is_the_real_pretrained_model(real_model):

@@ -126,7 +126,7 @@ def convert_gguf(
     """A Hugging Face folder (float32 safetensors + tokenizer) holding GGUF file ``gguf_file``.
 
     Converted once into ``root`` (default ``$GMTS_CACHE/models``) under a key of the file's
-    resolved path, size and modification time, so a changed file is converted again; written
+    content (:func:`conversion_key`), so a changed file is converted again; written
     to a staging folder and renamed into place, so an interrupted conversion leaves nothing
     that looks complete.
 
@@ -154,7 +154,7 @@ def convert_gguf(
     try:
         _write_folder(path, staging)
         versions = {pkg: importlib.metadata.version(pkg) for pkg in ("transformers", "gguf")}
-        record = {**_source(path), "versions": versions}
+        record = {**_source(path), "gguf_file": str(path), "versions": versions}
         (staging / CONVERSION_FILE).write_text(json.dumps(record, indent=2) + "\n")
         try:
             os.rename(staging, final)
@@ -167,19 +167,24 @@ def convert_gguf(
     return final
 
 
+_SAMPLE_BYTES = 1 << 20
+
+
 def _source(path: Path) -> dict[str, object]:
-    stat = path.stat()
-    return {
-        "format": _FORMAT_VERSION,
-        "gguf_file": str(path),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-    }
+    """What identifies a GGUF file's content, wherever it lies: its size and the SHA-256 of its
+    first and last MiB (its header holds the model's metadata), so the same package installed
+    in several environments shares one conversion, and a changed file gets a new one."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        digest.update(handle.read(_SAMPLE_BYTES))
+        handle.seek(max(size - _SAMPLE_BYTES, 0))
+        digest.update(handle.read(_SAMPLE_BYTES))
+    return {"format": _FORMAT_VERSION, "size": size, "head_tail_sha256": digest.hexdigest()}
 
 
 def conversion_key(gguf_file: str | os.PathLike[str]) -> str:
-    """The cache key of a GGUF file: its resolved path, size and modification time (and the
-    conversion's format), so a changed or moved file is converted again."""
+    """The cache key of a GGUF file (see :func:`_source`)."""
     source = _source(Path(gguf_file).expanduser().resolve())
     return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:12]
 
