@@ -51,8 +51,10 @@ case "$profile" in
     # verl 0.9's own requirements pull GPU-only packages (flash-attn, vLLM, CUDA torch).
     # Install what its trainer imports on CPU, then verl itself without dependencies
     # (recipe: shared/notes/reference-semantics.md and verl-cpu-end-to-end.md). One resolver
-    # run, so verl's transformers cap binds gmts's train extra as well.
-    pip install -e ".[train,data,dev]" \
+    # run, so verl's transformers cap binds gmts's train extra as well. gmts's math reward in
+    # verl's reward file needs math-verify, with the ANTLR runtime hydra-core pins (4.9.3; the
+    # rewards extra's 4.13.2 would break hydra).
+    pip install -e ".[train,data,dev]" "math-verify[antlr4_9_3]>=0.7" \
       "transformers>=5.5.3,!=5.6.0,<5.11" "tensordict>=0.8,!=0.9.0,<=0.10.0" \
       omegaconf hydra-core codetiming orjson dill "ray>=2.41" torchdata peft pillow \
       "TransferQueue==0.1.11" pyzmq msgspec cachetools fastapi uvicorn

@@ -22,5 +22,6 @@ export GMTS_CACHE="${GMTS_CACHE:-$PWD/.cache/gmts}"
 .venv/bin/python -m pytest -m "" -q "$@"
 .venv-verl/bin/python -m pytest -m "" -q \
   tests/integrations/test_verl_integration_on_cpu.py tests/integrations/test_verl_e2e_on_cpu.py \
-  tests/integrations/test_verl_loss_modes.py tests/conformance/test_conformance_verl.py
+  tests/integrations/test_verl_loss_modes.py tests/conformance/test_conformance_verl.py \
+  tests/integrations/test_verl_real_model_on_cpu.py
 .venv-vllm/bin/python -m pytest -m "" -q tests/vllm tests/integrations/test_trl_vllm_colocate_on_cpu.py

@@ -107,6 +107,18 @@ def _step_metrics(log: str) -> dict[int, dict[str, float]]:
     return steps
 
 
+def _two_gmts_steps(log: str, ratio: float) -> dict[int, dict[str, float]]:
+    """Steps 1 and 2 of verl's log, each with exactly ceil(ratio N) of its N >= 8 valid tokens
+    selected and a finite gradient norm; the logged metrics of every step."""
+    steps = _step_metrics(log)
+    assert {1, 2} <= set(steps), f"steps logged: {sorted(steps)}"
+    for step in (1, 2):
+        fraction = steps[step]["actor/gmts/selected_fraction"]
+        assert ratio <= fraction <= ratio + 1 / 8, (step, fraction)
+        assert math.isfinite(steps[step]["actor/grad_norm"])
+    return steps
+
+
 def _check_minibatch(record: dict, use_v1: bool, actor: dict) -> None:
     """The recorded mini-batch: selection and loss recomputed with gmts.core."""
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
@@ -187,13 +199,7 @@ def test_gmts_end_to_end_on_verl_main_ppo(trainer, tmp_path):
     print(f"verl {trainer} end to end: rc={rc}, {seconds:.0f} s")
     assert rc == 0, log[-6000:]
     assert "actor loss replaced by GMTS selection" in log
-    steps = _step_metrics(log)
-    assert {1, 2} <= set(steps), f"steps logged: {sorted(steps)}"
-    for step in (1, 2):
-        fraction = steps[step]["actor/gmts/selected_fraction"]
-        # exactly ceil(0.5 N) of N >= 8 valid tokens
-        assert RATIO <= fraction <= RATIO + 1 / 8, (step, fraction)
-        assert math.isfinite(steps[step]["actor/grad_norm"])
+    _two_gmts_steps(log, RATIO)
     dumps = sorted((folder / "dump").glob("minibatch-*.pt"))
     assert len(dumps) == 1, dumps
     _check_minibatch(torch.load(dumps[0]), use_v1, actor)
@@ -221,12 +227,7 @@ def test_gmts_with_verl_lora_end_to_end(tmp_path):
     assert rc == 0, log[-6000:]
     assert "PeftModelForCausalLM contains" in log  # the actor is a peft model
     assert "actor loss replaced by GMTS selection" in log
-    steps = _step_metrics(log)
-    assert {1, 2} <= set(steps), f"steps logged: {sorted(steps)}"
-    for step in (1, 2):
-        fraction = steps[step]["actor/gmts/selected_fraction"]
-        assert RATIO <= fraction <= RATIO + 1 / 8, (step, fraction)
-        assert math.isfinite(steps[step]["actor/grad_norm"])
+    steps = _two_gmts_steps(log, RATIO)
     # step 1's policy is the base (lora_B = 0): no KL; step 2's adapters moved it away from the
     # reference, which verl computes with the adapters disabled
     assert steps[1]["actor/kl_loss"] == 0.0 and steps[2]["actor/kl_loss"] > 0

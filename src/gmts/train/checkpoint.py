@@ -128,6 +128,7 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         _remove_temporaries(root)
         tmp.mkdir()
+        weights = _without_tied_copies(model, weights)
         model.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
         _restore_architecture(tmp / "model", model)
         if tokenizer is not None:
@@ -162,6 +163,24 @@ def _discard(folder: Path) -> None:
     doomed = folder.with_name(f"{folder.name}.tmp-discard-{os.getpid()}")
     os.replace(folder, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _without_tied_copies(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor] | None:
+    """``weights`` less the copies of tied weights (e.g. ``lm_head.weight`` of a model whose
+    output layer is its embedding). ``save_pretrained`` drops such a copy only when it shares
+    storage with its source, which the tensors of FSDP's gathered state dict do not: without
+    this a tied model's FSDP checkpoint held its embedding twice."""
+    if weights is None:
+        return None
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    copies = {
+        target
+        for target, source in tied.items()
+        if target in weights and source in weights and torch.equal(weights[target], weights[source])
+    }
+    return {name: tensor for name, tensor in weights.items() if name not in copies}
 
 
 def _restore_architecture(folder: Path, model: Any) -> None:

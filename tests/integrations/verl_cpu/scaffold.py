@@ -126,9 +126,11 @@ def prepare(folder: Path, rows: int = 16, shape: dict | None = None) -> Path:
 
 
 def command(folder: Path, *, use_v1: bool, steps: int = 2, extra: list[str] = ()) -> list[str]:
-    """The launcher's command line with the overrides that run verl 0.9.1 on one CPU."""
-    return [
-        sys.executable, "-m", "gmts.integrations.verl",
+    """The launcher's command line with the overrides that run verl 0.9.1 on one CPU.
+
+    An override of ``extra`` replaces the default one of the same key (Hydra refuses a key
+    given twice)."""
+    defaults = [
         "gmts.score=gmts", "gmts.ratio=0.5", "gmts.kl_tokens=selected",
         "algorithm.adv_estimator=grpo",
         f"trainer.use_v1={str(use_v1).lower()}",
@@ -158,8 +160,52 @@ def command(folder: Path, *, use_v1: bool, steps: int = 2, extra: list[str] = ()
         "+ray_kwargs.ray_init.include_dashboard=false",
         "+ray_kwargs.ray_init._node_ip_address=127.0.0.1",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        *extra,
     ]  # fmt: skip
+    replaced = {_key(item) for item in extra}
+    kept = [item for item in defaults if _key(item) not in replaced]
+    return [sys.executable, "-m", "gmts.integrations.verl", *kept, *extra]
+
+
+def _key(override: str) -> str:
+    """The config key an override sets (``+a.b=1`` and ``a.b=2`` both set ``a.b``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+REAL_REWARD = '''
+from gmts.rewards.registry import get_reward
+
+_MATH = get_reward("math")
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """gmts's ``math`` reward: the last boxed answer, else the last number, against the answer."""
+    return float(_MATH(solution_str or "", ground_truth))
+'''
+
+
+def prepare_real(folder: Path, questions: list[tuple[str, str]]) -> Path:
+    """For a run on a real model (its path given as an override): ``train.parquet`` /
+    ``test.parquet`` of ``questions`` (question, answer) in verl's RL dataset format, and
+    ``reward.py`` scoring with gmts's ``math`` reward."""
+    import pandas as pd
+
+    folder.mkdir(parents=True, exist_ok=True)
+    records = [
+        {
+            "data_source": "gmts_real_arithmetic",
+            "prompt": [{"role": "user", "content": question}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"index": i, "split": "train"},
+        }
+        for i, (question, answer) in enumerate(questions)
+    ]
+    frame = pd.DataFrame(records)
+    frame.to_parquet(folder / "train.parquet")
+    frame.to_parquet(folder / "test.parquet")
+    (folder / "reward.py").write_text(REAL_REWARD)
+    (folder / "dump").mkdir(exist_ok=True)
+    return folder
 
 
 def environment(folder: Path) -> dict[str, str]:

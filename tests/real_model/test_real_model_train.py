@@ -1,0 +1,100 @@
+"""The standalone trainer on the real pretrained model (SmolLM2-135M-Instruct, named
+``smollm2-135m-instruct``): one GMTS step of GRPO on 2-digit additions with the ``math``
+reward and the ``plain`` template, on the ``hf`` engine, with LoRA, and with 2 processes
+under FSDP2 (torchrun, gloo). The vLLM engine's step is in tests/vllm/test_vllm_real_model.py.
+
+Each run is 2 questions x 4 answers x 16 new tokens, one step. They are slow: loading the
+model and one step take tens of seconds on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gmts.train.checkpoint import list_checkpoints
+from gmts.train.config import load_config
+from gmts.train.metrics_log import read_metrics
+from gmts.train.trainer import Trainer
+
+_spec = importlib.util.spec_from_file_location("_real", Path(__file__).with_name("_real.py"))
+_real = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_real)
+
+pytestmark = pytest.mark.slow
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _one_step(tmp_path: Path, model: str, *overrides: str) -> tuple[Trainer, dict, dict]:
+    """One step in this process: the trainer, its trainable weights before, its metrics row."""
+    dataset = _real.write_additions(tmp_path / "additions.jsonl")
+    run = tmp_path / "run"
+    cfg = load_config(None, [*_real.real_overrides(model, dataset, run), *overrides])
+    trainer = Trainer(cfg)
+    before = _trainable(trainer.model)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    (row,) = read_metrics(run)
+    return trainer, before, row
+
+
+def test_one_gmts_step_on_the_hf_engine(tmp_path, real_model):
+    """By name: model.path=smollm2-135m-instruct resolves to the converted folder."""
+    trainer, before, row = _one_step(tmp_path, _real.MODEL_NAME)
+    _real.check_step(row)
+    assert row["response/tokens"] <= 2 * 4 * 16
+    after = _trainable(trainer.model)
+    assert len(after) == 272  # every parameter of the 30-layer Llama trains (tied embeddings)
+    moved = [n for n in after if not torch.equal(after[n], before[n])]
+    assert len(moved) > len(after) // 2, f"only {len(moved)} of {len(after)} tensors moved"
+
+
+def test_one_gmts_step_with_lora(tmp_path, real_model):
+    trainer, before, row = _one_step(
+        tmp_path, real_model, "model.lora.rank=4", "model.lora.alpha=8", "optim.lr=1e-3"
+    )
+    _real.check_step(row)
+    after = _trainable(trainer.model)
+    assert after and all("lora_" in n for n in after)  # only the adapters train
+    moved_b = [n for n in after if "lora_B" in n and after[n].abs().max() > 0]
+    assert moved_b, "no LoRA B matrix left zero: the adapters did not train"
+    assert all(not torch.equal(after[n], before[n]) for n in moved_b)
+
+
+def test_one_gmts_step_on_two_processes_under_fsdp2(tmp_path, real_model, free_port):
+    """`torchrun --nproc_per_node 2 -m gmts train ... distributed.strategy=fsdp` (gloo): the
+    global selection count is exact over both ranks, and the saved weights moved."""
+    dataset = _real.write_additions(tmp_path / "additions.jsonl")
+    run = tmp_path / "run"
+    overrides = [
+        *_real.real_overrides(real_model, dataset, run),
+        "distributed.strategy=fsdp",
+        "checkpoint.save_final=true",
+    ]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    command += [f"--master_port={free_port}", "-m", "gmts", "train", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    subprocess.run(command, check=True, env=env, timeout=900)
+    (row,) = read_metrics(run)
+    _real.check_step(row)
+
+    from safetensors.torch import load_file
+
+    (_, path), *_ = reversed(list_checkpoints(run))
+    trained = load_file(path / "model" / "model.safetensors")
+    start = load_file(Path(real_model) / "model.safetensors")
+    assert trained.keys() == start.keys()
+    assert all(trained[k].dtype == torch.float32 for k in trained)  # whole fp32 weights
+    moved = [k for k in start if not torch.equal(trained[k], start[k])]
+    assert len(moved) > len(start) // 2, f"only {len(moved)} of {len(start)} tensors moved"
