@@ -1,7 +1,8 @@
 """``gmts eval`` and ``gmts analyze`` on the real pretrained model (SmolLM2-135M-Instruct, by
 its name ``smollm2-135m-instruct``): eval on a GSM8K slice (2 questions x 2 answers, 32 new
-tokens), analyze on the model's own sampled answers (2 questions x 2 answers, 8 new tokens)
-with the exact per-token gradient norms over all 134.5M parameters."""
+tokens), analyze on the model's own sampled answers to addition-2digit through its chat template
+(2 questions x 2 answers, 8 new tokens) with the exact per-token gradient norms over all 134.5M
+parameters."""
 
 from __future__ import annotations
 
@@ -40,10 +41,12 @@ def test_analyze_on_its_own_answers(tmp_path, real_model):
     """Every response token gets a positive finite true gradient norm, and its logit-gradient
     norm ||e_y - pi|| lies in [1 - p, sqrt(2) (1 - p)] (p the token's probability)."""
     out = tmp_path / "analyze"
-    argv = ["analyze", "--model", MODEL, "-K", "2", "-G", "2", "--max-new-tokens", "8"]
+    argv = ["analyze", "--model", MODEL, "--dataset", "addition-2digit", "--temperature", "0.7"]
+    argv += ["-K", "2", "-G", "2", "--max-new-tokens", "8"]
     assert main([*argv, "--out", str(out), "--device", "cpu", "--threads", "1"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["meta"]["model"] == real_model
+    assert report["meta"]["task"] == "addition-2digit"  # its questions, through the chat template
     assert report["meta"]["answers"] == 4 and report["meta"]["groups"] == 2
     assert {"within_answer", "per_group", "eps", "overlap"} <= report.keys()
     records = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
