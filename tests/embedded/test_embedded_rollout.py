@@ -269,3 +269,42 @@ def test_sampling_emits_no_deprecation_warning(models, tok, arch):
         with warnings.catch_warnings(), pytest.raises(FutureWarning, match="past_key_values"):
             warnings.simplefilter("error", FutureWarning)
             model(input_ids=ids, past_key_values=DynamicCache(config=model.config))
+
+
+def test_presized_layer_returns_what_dynamic_layer_does():
+    """The pre-sized KV layer against transformers' concatenating one: the same keys and values
+    (and lengths) after a prompt and single-token steps; writing past its capacity raises."""
+    from transformers.cache_utils import DynamicLayer
+
+    from gmts.sampling.kv_cache import PresizedLayer
+
+    gen = torch.Generator().manual_seed(0)
+    fast, slow = PresizedLayer(capacity=9), DynamicLayer()
+    for n in (5, 1, 1, 1, 1):
+        keys = torch.randn(3, 2, n, 4, generator=gen)
+        values = torch.randn(3, 2, n, 6, generator=gen)  # a value head_dim of its own
+        got, want = fast.update(keys, values), slow.update(keys, values)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert fast.get_seq_length() == slow.get_seq_length()
+    with pytest.raises(RuntimeError, match="holds 9 positions"):
+        fast.update(torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 6))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_presized_cache_samples_what_the_dynamic_cache_did(
+    models, tok, arch, temperature, monkeypatch
+):
+    """The sampler with its pre-sized KV cache samples exactly the tokens it sampled with
+    transformers' DynamicCache (the implementation it replaced)."""
+    from transformers import DynamicCache
+
+    import gmts.sampling.kv_cache as kv_cache
+
+    model = models[arch]
+    kwargs = dict(num_samples=3, max_new_tokens=12, temperature=temperature, seed=7)
+    fast = generate_rollouts(model, tok, PROMPTS, **kwargs)
+    monkeypatch.setattr(kv_cache, "presized_cache", lambda config, _: DynamicCache(config=config))
+    slow = generate_rollouts(model, tok, PROMPTS, **kwargs)
+    assert torch.equal(fast.response_ids, slow.response_ids)
+    assert torch.equal(fast.response_lengths, slow.response_lengths)

@@ -95,3 +95,19 @@ def test_export_writes_a_bf16_copy_of_the_float32_checkpoint(tmp_path, capsys):
     assert (out / "tokenizer_config.json").is_file()
     assert main(["export", str(tmp_path / "run"), str(out)]) == 2  # never overwrites
     assert "already exists" in capsys.readouterr().err
+
+
+def test_cpu_bf16_support_reads_the_cpu_flags(tmp_path):
+    from gmts.scale.precision import cpu_bf16_support
+
+    cases = {
+        "flags\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n": "amx_bf16",
+        "flags\t: fpu avx2 avx512f avx512_bf16\nflags\t: fpu avx2 avx512f avx512_bf16\n": "avx512_bf16",
+        "Features\t: fp asimd sve bf16 i8mm\n": "bf16",
+        "flags\t: fpu fma avx f16c avx2\n": None,
+    }
+    for text, expected in cases.items():
+        path = tmp_path / "cpuinfo"
+        path.write_text("processor\t: 0\n" + text)
+        assert cpu_bf16_support(path) == expected
+    assert cpu_bf16_support(tmp_path / "missing") is None

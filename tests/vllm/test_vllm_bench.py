@@ -41,3 +41,19 @@ def test_quick_rollout_benchmark(tmp_path):
     assert record["engine_start_s"] > 0 and record["weight_sync"]["median_s"] > 0
     markdown = report.render(record)
     assert "vLLM / hf tokens per second" in markdown and "| vllm |" in markdown
+
+
+@pytest.mark.slow
+def test_quick_real_model_rollout_benchmark(tmp_path):
+    """benchmarks/bench_rollout_real.py --quick with vLLM: all four contenders measured."""
+    spec = importlib.util.spec_from_file_location(
+        "gmts_test_bench_rollout_real",
+        Path(__file__).resolve().parents[1] / "benchmarks" / "test_bench_rollout_real.py",
+    )
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    result = helpers.run_quick(tmp_path)
+    assert not result["raw"]["skipped"]
+    for name in ("vllm_plain", "vllm_engine"):
+        assert 0 < result["contenders"][name]["tokens_per_call"][0] <= 8 * 4
+    assert result["ratios"]["engine_vs_plain"]["median"] > 0

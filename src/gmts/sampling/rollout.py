@@ -6,12 +6,13 @@ EOS; the response mask is built from the lengths (EOS included), never from toke
 pad token equal to EOS is safe. Sampling draws from one ``torch.Generator`` seeded per call:
 the same seed gives the same rollouts.
 
-The sampler is a hand-written loop that feeds one token per step against a
-``transformers.DynamicCache`` (on the tiny model it was faster than ``model.generate``, and it
-samples the plain softmax at the temperature, with none of a model's generation_config
-defaults). The loop passes the cache object under the name the model's ``forward`` declares (``cache`` in current transformers, ``past_key_values`` up to about
-5.2x, where ``past_key_values`` now raises a FutureWarning) and never reads the deprecated output
-field: the cache is updated in place.
+The sampler is a hand-written loop that feeds one token per step against a KV cache sized for
+the prompt plus the generation budget up front (:mod:`gmts.sampling.kv_cache`: no copy of the
+cache per step, the same values as ``transformers.DynamicCache``). It samples the plain softmax
+at the temperature, with none of a model's generation_config defaults. The loop passes the cache
+object under the name the model's ``forward`` declares (``cache`` in current transformers,
+``past_key_values`` up to about 5.2x, where ``past_key_values`` now raises a FutureWarning) and
+never reads the deprecated output field: the cache is updated in place.
 """
 
 from __future__ import annotations
@@ -229,10 +230,17 @@ def _left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
 def _next_token(
     logits: torch.Tensor, temperature: float, generator: torch.Generator
 ) -> torch.Tensor:
-    """(b, V) logits -> (b,) tokens; temperature 0 means greedy."""
+    """(b, V) logits -> (b,) tokens; temperature 0 means greedy.
+
+    ``logits`` is consumed: a float32 input is divided by the temperature in place (the values
+    ``logits / temperature`` would give; no pass at all at temperature 1, where dividing is
+    exact), one (b, V) copy less per step."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    scaled = logits.float()  # (b, V): the input itself when it is float32
+    if temperature != 1.0:
+        scaled.div_(temperature)
+    probs = torch.softmax(scaled, dim=-1)  # (b, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
@@ -369,19 +377,26 @@ def _sample_cache_loop(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,).
 
-    The prompt fills a fresh ``DynamicCache`` in one forward; each later forward feeds the last
-    token and appends its keys/values to the same cache object.
+    The prompt fills a fresh cache in one forward; each later forward feeds the last token and
+    writes its keys/values into the same cache object. The cache and the attention mask are
+    sized for the prompt plus ``max_new_tokens`` up front (:mod:`gmts.sampling.kv_cache`), so
+    a step copies neither; the model sees the views of the filled positions.
     """
-    from transformers import DynamicCache
+    from gmts.sampling.kv_cache import presized_cache
 
-    rows = prompt_ids.shape[0]
+    rows, prompt_width = prompt_ids.shape
     device = prompt_ids.device
-    attention_mask = prompt_mask.long()  # (b, P), grows by one column per step
+    capacity = prompt_width + max_new_tokens
+    # (b, P + max_new_tokens): the prompt's mask, then ones (a finished row keeps attending
+    # to its pads, as the model would); step s sees the first P + s + 1 columns
+    full_mask = torch.ones((rows, capacity), dtype=torch.long, device=device)
+    full_mask[:, :prompt_width] = prompt_mask
+    attention_mask = full_mask[:, :prompt_width]  # (b, P)
     positions = position_ids_from_mask(attention_mask)  # (b, P)
     parameters = _forward_parameters(model)
     # transformers renamed the cache argument from past_key_values to cache (the old name warns)
     cache_name = "cache" if "cache" in parameters else "past_key_values"
-    cache = {cache_name: DynamicCache(config=model.config)}
+    cache = {cache_name: presized_cache(model.config, capacity)}
     extra = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
     out = model(
         input_ids=prompt_ids,
@@ -395,7 +410,6 @@ def _sample_cache_loop(
     next_position = positions[:, -1:] + 1  # (b, 1)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
-    ones = torch.ones((rows, 1), dtype=attention_mask.dtype, device=device)
     tokens: list[torch.Tensor] = []
     for step in range(max_new_tokens):
         token = _next_token(logits, temperature, generator)  # (b,)
@@ -406,7 +420,7 @@ def _sample_cache_loop(
         finished = finished | stopped_now
         if step == max_new_tokens - 1 or bool(finished.all()):
             break
-        attention_mask = torch.cat([attention_mask, ones], dim=1)
+        attention_mask = full_mask[:, : prompt_width + step + 1]  # (b, P + step + 1)
         out = model(
             input_ids=token[:, None],
             attention_mask=attention_mask,

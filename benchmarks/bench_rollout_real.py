@@ -1,0 +1,310 @@
+"""Rollout tokens/s on a real model (issue 27, items 1 and 2): four generators side by side.
+
+- ``ours``: :func:`gmts.sampling.rollout.generate_rollouts` (the trainer's ``hf`` engine);
+- ``generate``: transformers' ``model.generate`` (what TRL samples with), plain softmax;
+- ``vllm_plain``: ``LLM.generate`` with one plain request per row (no seed, no log-probs);
+- ``vllm_engine``: :meth:`gmts.sampling.vllm_engine.VLLMEngine.sample` as the trainer calls it
+  (per-row seeds, the sampled tokens' log-probs, no detokenisation) on the same ``LLM``, so the
+  ratio ``vllm_engine / vllm_plain`` isolates what the engine asks of vLLM.
+
+Every dtype runs in its own child process (one vLLM engine per process); in it the contenders
+take turns (ours, generate, vllm_plain, vllm_engine, ours, ...) so that load changes on a shared
+machine hit them alike, and ratios are taken per round (side by side) before the median. Every
+row samples up to ``--new-tokens`` tokens at temperature 1 and stops only at the vocabulary's
+last id (so rows run to the budget); tokens/s = tokens generated / wall time of the call.
+The JSON record holds the machine, the load (``uptime``) before and after, the command and the
+commit. vLLM contenders are skipped (and the skip recorded) where vllm is not installed.
+
+    .venv-vllm/bin/python benchmarks/bench_rollout_real.py --model PATH   # <= 10 min
+    python benchmarks/bench_rollout_real.py --quick   # a random tiny llama, a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_common import (
+    DEFAULT_RESULTS_DIR,
+    git_commit,
+    machine_description,
+    python_env,
+    summarize_times,
+    utc_now,
+    write_result,
+)
+
+CONTENDERS = ("ours", "generate", "vllm_plain", "vllm_engine")
+RATIOS = {
+    "ours_vs_generate": ("ours", "generate"),
+    "engine_vs_plain": ("vllm_engine", "vllm_plain"),
+}
+QUESTIONS = [(12, 35), (47, 58), (23, 91), (64, 17), (88, 29), (31, 76), (55, 44), (19, 83)]
+
+
+def save_quick_model(path: Path) -> Path:
+    """A random 2-layer llama (width 64, 2 heads of 32: vLLM's CPU attention needs head size
+    >= 32) with the embedded one-character tokenizer, as a Hugging Face folder."""
+    from gmts.embedded.tiny_model import TinyModelConfig, build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    config = TinyModelConfig(architecture="llama", hidden_size=64, num_heads=2, seed=0)
+    build_tiny_model(tokenizer, config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _prompts(tokenizer: Any) -> list[str]:
+    texts = [f"What is {a} + {b}?" for a, b in QUESTIONS]
+    if getattr(tokenizer, "chat_template", None):
+        return [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+            )
+            for t in texts
+        ]
+    return [f"{a}+{b}=" for a, b in QUESTIONS]
+
+
+def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The child: every contender ``args.repeats`` times in turns, in this process."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gmts.sampling.rollout import generate_rollouts
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
+    stop = model.config.vocab_size - 1  # never the eos: rows run to the budget
+    prompts = _prompts(tokenizer)
+    group = max(1, args.rows // len(prompts))
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    rows = [ids for ids in encoded for _ in range(group)]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, ids in enumerate(rows):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        attention[i, width - len(ids) :] = 1
+
+    def ours(seed: int) -> int:
+        roll = generate_rollouts(
+            model,
+            tokenizer,
+            prompts,
+            num_samples=group,
+            max_new_tokens=args.new_tokens,
+            temperature=1.0,
+            seed=seed,
+            stop_token_ids=[stop],
+        )
+        return int(roll.response_lengths.sum())
+
+    def generate(seed: int) -> int:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.new_tokens,
+                eos_token_id=stop,
+                pad_token_id=pad,
+            )
+        new = out[:, width:]
+        ended = (new == stop).int()
+        # a row's tokens: up to and including its first stop id, else all of them
+        first = torch.where(
+            ended.any(1), ended.argmax(1) + 1, torch.full_like(ended[:, 0], new.shape[1])
+        )
+        return int(first.sum())
+
+    fns = {"ours": ours, "generate": generate}
+    skipped: dict[str, str] = {}
+    engine = None
+    start_s = None
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        for name in ("vllm_plain", "vllm_engine"):
+            skipped[name] = "vllm is not installed in this interpreter"
+    else:
+        from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine, request_seeds
+
+        t = time.perf_counter()
+        engine = VLLMEngine(
+            model_path,
+            VLLMConfig(),
+            dtype=dtype,
+            seed=0,
+            on_gpu=False,
+            kv_cache_bytes=int(args.kv_cache_gib * 2**30),
+        )
+        start_s = time.perf_counter() - t
+
+        def vllm_plain(seed: int) -> int:
+            params = engine._vllm.SamplingParams(
+                n=1,
+                temperature=1.0,
+                max_tokens=args.new_tokens,
+                stop_token_ids=[stop],
+                ignore_eos=True,
+            )
+            outs = engine.llm.generate(
+                [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False
+            )
+            return sum(len(o.outputs[0].token_ids) for o in outs)
+
+        def vllm_engine(seed: int) -> int:
+            samples = engine.sample(
+                rows,
+                seeds=request_seeds(seed, len(rows)),
+                max_new_tokens=args.new_tokens,
+                temperature=1.0,
+                stop_ids=[stop],
+            )
+            return sum(len(ids) for ids, _ in samples)
+
+        fns.update(vllm_plain=vllm_plain, vllm_engine=vllm_engine)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    tokens: dict[str, list[int]] = {name: [] for name in fns}
+    try:
+        for fn in fns.values():  # warm-up: a short call each
+            saved, args.new_tokens = args.new_tokens, 2
+            fn(0)
+            args.new_tokens = saved
+        for repeat in range(args.repeats):
+            for name, fn in fns.items():
+                t = time.perf_counter()
+                tokens[name].append(fn(repeat))
+                times[name].append(time.perf_counter() - t)
+    finally:
+        if engine is not None:
+            engine.close()
+    return {
+        "dtype": dtype,
+        "rows": len(rows),
+        "times": times,
+        "tokens": tokens,
+        "skipped": skipped,
+        "vllm_start_s": start_s,
+        "threads": args.threads,
+    }
+
+
+def summarize(child: dict[str, Any]) -> dict[str, Any]:
+    """Per contender: tokens/s median, min, max; per ratio: the median and range of the
+    per-round ratios."""
+    rates = {
+        name: [k / t for k, t in zip(child["tokens"][name], child["times"][name])]
+        for name in child["times"]
+    }
+    out: dict[str, Any] = {"contenders": {}, "ratios": {}}
+    for name, values in rates.items():
+        out["contenders"][name] = {
+            "tokens_per_s_median": statistics.median(values),
+            "tokens_per_s_min": min(values),
+            "tokens_per_s_max": max(values),
+            "tokens_per_call": child["tokens"][name],
+            "call": summarize_times(child["times"][name]),
+        }
+    for label, (num, den) in RATIOS.items():
+        if num in rates and den in rates:
+            per_round = [a / b for a, b in zip(rates[num], rates[den])]
+            out["ratios"][label] = {
+                "median": statistics.median(per_round),
+                "min": min(per_round),
+                "max": max(per_round),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", help="a Hugging Face model folder (not with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a random tiny llama, seconds")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # dtype:json-path (internal)
+    args = parser.parse_args(argv)
+    if args.child:
+        dtype, path = args.child.split(":", 1)
+        Path(path).write_text(json.dumps(measure(args.model, dtype, args)))
+        return 0
+    if args.quick == bool(args.model):
+        parser.error("give exactly one of --model PATH and --quick")
+    if args.quick:
+        args.dtypes, args.rows, args.new_tokens, args.repeats = "float32", 8, 4, 1
+        args.threads, args.kv_cache_gib = 1, 0.0625
+    dtypes = args.dtypes.split(",")
+    for d in dtypes:
+        if d not in ("float32", "bfloat16"):
+            parser.error(f"--dtypes: float32 or bfloat16, got {d!r}")
+    commit = git_commit()
+    before = machine_description()
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or str(save_quick_model(Path(tmp) / "model"))
+        for dtype in dtypes:
+            path = Path(tmp) / f"{dtype}.json"
+            command = [sys.executable, __file__, "--model", model, "--child", f"{dtype}:{path}"]
+            for name in ("rows", "new_tokens", "repeats", "threads", "kv_cache_gib"):
+                command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+            env = python_env()
+            env["OMP_NUM_THREADS"] = str(args.threads)
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            subprocess.run(command, check=True, env=env)
+            child = json.loads(path.read_text())
+            results[dtype] = {**summarize(child), "raw": child}
+    record = {
+        "name": "rollout_real",
+        "quick": args.quick,
+        "date": utc_now(),
+        "commit": commit,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "model": "random tiny llama (quick)" if args.quick else args.model,
+        "settings": {
+            k: getattr(args, k)
+            for k in ("rows", "new_tokens", "repeats", "threads", "kv_cache_gib")
+        },
+        "machine": before,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "uptime_after": machine_description()["uptime"],
+        "wall_s": time.perf_counter() - started,
+        "results": results,
+    }
+    path = write_result(args.out, "rollout_real", record)
+    for dtype, res in results.items():
+        line = ", ".join(
+            f"{n} {c['tokens_per_s_median']:.1f}" for n, c in res["contenders"].items()
+        )
+        ratios = ", ".join(f"{k} {v['median']:.2f}" for k, v in res["ratios"].items())
+        print(f"{dtype}: tokens/s {line}; {ratios}")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
