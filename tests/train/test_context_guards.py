@@ -18,12 +18,6 @@ _tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_tiny)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """The embedded model's shape where it matters: GPT-2 with 64 learned positions."""
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def test_limit_is_the_smaller_of_config_and_meaningful_tokenizer_length():
     class Config:
         max_position_embeddings = 4096

@@ -30,12 +30,6 @@ LORA = ("model.lora.rank=4", "model.lora.alpha=8")
 COMPUTE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
 @pytest.fixture
 def one_process_group():
     """FSDP in this process creates a one-process group; leave none behind."""

@@ -9,7 +9,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
 from gmts.train.collect import AnswerSample, CollectedBatch, RolloutStats
 from gmts.train.config import load_config
@@ -19,12 +18,6 @@ from gmts.train.trainer import Trainer
 _spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
 _tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_tiny)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:

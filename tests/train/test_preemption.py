@@ -58,12 +58,6 @@ class _Trainer(Trainer):
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="module")
 def straight(tiny_dir, tmp_path_factory):
     """The uninterrupted run every preempted-and-resumed run must equal."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"

@@ -35,12 +35,6 @@ _tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_tiny)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def _overrides(tiny_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     return [*_tiny.small_overrides(tiny_dir, run_dir), *extra]
 

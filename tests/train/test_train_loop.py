@@ -32,12 +32,6 @@ TINY_DEMO = (  # the demo tests' recipe changes: 2 steps of a tiny batch, evalua
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
 @pytest.mark.parametrize("algorithm", ["grpo", "dapo"])
 @pytest.mark.parametrize(("score", "ratio"), [("none", 1.0), ("entropy", 0.2), ("gmts", 0.3)])
 def test_each_algorithm_and_selection_updates_and_selects_the_ratio(

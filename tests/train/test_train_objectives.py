@@ -41,12 +41,6 @@ OBJECTIVES = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
 def test_every_registered_objective_has_a_trainer_case():
     names = {gmts.ObjectiveConfig().name}
     for overrides in OBJECTIVES.values():

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from gmts.train.scoring import TokenScorer
 from gmts.train.trainer import Trainer
@@ -17,12 +16,6 @@ from gmts.train.trainer import Trainer
 _spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
 _tiny = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_tiny)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    torch.set_num_threads(1)
-    return _tiny.save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.mark.parametrize("score", ["gmts", "none"])
