@@ -265,7 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or str(save_quick_model(Path(tmp) / "model"))
+        if args.model:  # a folder, or a name such as smollm2-135m-instruct (converted once)
+            from gmts.models.loading import resolve_model_path
+
+            model = resolve_model_path(args.model)
+        else:
+            model = str(save_quick_model(Path(tmp) / "model"))
         for dtype in dtypes:
             path = Path(tmp) / f"{dtype}.json"
             command = [sys.executable, __file__, "--model", model, "--child", f"{dtype}:{path}"]
