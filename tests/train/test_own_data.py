@@ -67,6 +67,33 @@ def test_eval_dataset_reports_held_out_average_at_k(tiny_dir: Path, tmp_path: Pa
     assert result.eval_after == {"average@2": 2 / 3, "pass@2": 2 / 3, "questions": 3.0}
 
 
+def test_eval_temperature_reaches_the_held_out_sampler(tiny_dir: Path, tmp_path: Path) -> None:
+    """data.eval_temperature=0 samples the held-out questions greedily (every one of a
+    question's k answers the same); the default 1.0 samples (a random tiny model's answers
+    differ)."""
+    train = _jsonl(tmp_path / "train.jsonl", _sums(10, 14))
+    held = _jsonl(tmp_path / "held.jsonl", [{"q": f"{i}+1=", "a": str(i + 1)} for i in range(3)])
+    answers_by_temperature = {}
+    for temperature in (0.0, 1.0):
+        seen: dict[str, set[str]] = {}
+
+        def record(completion: str, answer: str, seen: dict[str, set[str]] = seen) -> float:
+            seen.setdefault(answer, set()).add(completion)
+            return 0.0
+
+        cfg = _dataset_run(
+            tiny_dir, tmp_path / f"run{temperature}", train, f"data.eval_dataset={held}",
+            "data.eval_questions=3", "data.eval_samples=6", f"data.eval_temperature={temperature}",
+        )  # fmt: skip
+        Trainer(cfg, reward_fn=record).evaluate()
+        answers_by_temperature[temperature] = seen
+    assert sorted(answers_by_temperature[0.0]) == ["1", "2", "3"]
+    assert all(len(c) == 1 for c in answers_by_temperature[0.0].values())
+    assert any(len(c) > 1 for c in answers_by_temperature[1.0].values())
+    with pytest.raises(ValueError, match="data.eval_temperature: must be >= 0"):
+        load_config(None, ["data.eval_temperature=-0.5"])
+
+
 def test_eval_dataset_errors_name_the_key(tiny_dir: Path, tmp_path: Path) -> None:
     train = _jsonl(tmp_path / "train.jsonl", _sums(10, 12))
     with pytest.raises(ValueError, match="data.eval_dataset: needs data.dataset"):

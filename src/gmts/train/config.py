@@ -133,6 +133,11 @@ class DataConfig:
     eval_samples: int = _f(16, "Samples per held-out question (average@k and pass@k, k = this).")
     eval_every: int = _f(0, "Evaluate every N steps (0: only before and after training).")
     eval_before: bool = _f(True, "Evaluate the starting policy before the first step.")
+    eval_temperature: float = _f(
+        1.0,
+        "Sampling temperature of the held-out evaluation (the paper's: 1.0; 0: greedy). A "
+        "model trained at a lower rollout.temperature is usually evaluated at that one.",
+    )
 
     def __post_init__(self) -> None:
         from gmts.data.prompts import available_templates
@@ -170,6 +175,7 @@ class DataConfig:
         _check(self.eval_questions >= 0, "data.eval_questions", "must be >= 0")
         _check(self.eval_samples >= 1, "data.eval_samples", "must be >= 1")
         _check(self.eval_every >= 0, "data.eval_every", "must be >= 0")
+        _check(self.eval_temperature >= 0, "data.eval_temperature", "must be >= 0")
 
 
 @dataclass

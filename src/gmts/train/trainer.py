@@ -624,6 +624,7 @@ class Trainer:
                     k=d.eval_samples,
                     seed=self.cfg.seed,
                     batch_size=self.cfg.rollout.generation_batch_size,
+                    temperature=d.eval_temperature,
                 )
         barrier(self.info)  # the other ranks wait for rank 0's evaluation
         return result
