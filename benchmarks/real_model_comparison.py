@@ -71,13 +71,23 @@ QUICK = (
 )
 
 
-def run_one(method: str, seed: int, out: Path, overrides: list[str]) -> dict[str, Any]:
-    """Train one run (unless its record with this config exists) and return its record."""
+def run_one(
+    method: str, seed: int, out: Path, overrides: list[str], *, evaluate_start: bool
+) -> dict[str, Any]:
+    """Train one run (unless its record with this config exists) and return its record.
+
+    ``evaluate_start``: evaluate the pretrained model first. Within a seed every method starts
+    from the same weights and evaluates with the same sampling seed, so one run per seed does it
+    and the others take its figure (``data.eval_before=false``: the evaluation draws from its
+    own seeded generator, so it changes nothing in training).
+    """
     suffix = METHODS[method]
     record_path = out / "real_model_runs" / f"{suffix}-seed{seed}.json"
     run_dir = out / "runs" / f"{suffix}-seed{seed}"
     config = CONFIGS / f"dapo-{suffix}.yaml"
     args = [f"seed={seed}", f"logging.output_dir={run_dir}", *overrides]
+    if not evaluate_start:
+        args.append("data.eval_before=false")
     if record_path.is_file():
         old = json.loads(record_path.read_text())
         if old.get("args") == args and old.get("config_file") == str(config.relative_to(REPO)):
@@ -140,8 +150,15 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per method: held-out accuracy before, at the end, its gain and the mean over the curve
     (mean +- std over seeds); per pair of methods: the paired differences over common seeds."""
     by_method: dict[str, dict[int, dict[str, float]]] = {}
+    start_of_seed = {  # the pretrained model's figure, from the run of the seed that took it
+        r["seed"]: _accuracy(r["evals"][0])
+        for r in records
+        if "data.eval_before=false" not in r["args"]
+    }
     for record in records:
         curve = [_accuracy(row) for row in record["evals"]]
+        if "data.eval_before=false" in record["args"]:
+            curve = [start_of_seed[record["seed"]], *curve]
         times = [s["time/step_s"] for s in record["steps"] if "time/step_s" in s]
         by_method.setdefault(record["method"], {})[record["seed"]] = {
             "start": curve[0],
@@ -195,6 +212,68 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot_comparison(records: list[dict[str, Any]], out: Path) -> Path:
+    """``out``: the training reward per step (mean over seeds, min-max band) and the held-out
+    average@k before and after training (each seed a dot, the mean a bar), per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarize(records)
+    methods = [m for m in METHODS if m in summary["methods"]]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, (curve_ax, bar_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    start_of_seed = {}
+    for i, method in enumerate(methods):
+        color = colors[i % len(colors)]
+        runs = [r for r in records if r["method"] == method]
+        per_step: dict[int, list[float]] = {}
+        for run in runs:
+            for row in run["steps"]:
+                per_step.setdefault(row["step"], []).append(100.0 * row["reward/mean"])
+        steps = sorted(s for s, v in per_step.items() if len(v) == len(runs))
+        mean = [sum(per_step[s]) / len(per_step[s]) for s in steps]
+        curve_ax.plot(steps, mean, color=color, marker="o", markersize=3, label=method)
+        if len(runs) > 1:
+            low = [min(per_step[s]) for s in steps]
+            high = [max(per_step[s]) for s in steps]
+            curve_ax.fill_between(steps, low, high, color=color, alpha=0.15, lw=0)
+        finals = [_accuracy(r["evals"][-1]) for r in runs]
+        for run in runs:
+            if "data.eval_before=false" not in run["args"]:
+                start_of_seed[run["seed"]] = _accuracy(run["evals"][0])
+        bar_ax.bar(i + 1, sum(finals) / len(finals), color=color, alpha=0.5)
+        bar_ax.scatter([i + 1] * len(finals), finals, color=color, s=14, zorder=3)
+    starts = list(start_of_seed.values())
+    bar_ax.bar(0, sum(starts) / max(len(starts), 1), color="grey", alpha=0.5)
+    bar_ax.scatter([0] * len(starts), starts, color="grey", s=14, zorder=3)
+    bar_ax.set_xticks(range(len(methods) + 1), ["pretrained", *methods], fontsize=8)
+    key = next((k for k in records[0]["evals"][-1] if k.startswith("average@")), "average@k")
+    bar_ax.set_ylabel(f"held-out {key} (%)")
+    bar_ax.set_title("held-out, after training (dots: seeds; bar: mean)", fontsize=10)
+    curve_ax.set_xlabel("RL step")
+    curve_ax.set_ylabel("training reward (%)")
+    n_seeds = len({r["seed"] for r in records})
+    seeds = f"mean of {n_seeds} seeds, band: min to max" if n_seeds > 1 else "one seed"
+    curve_ax.set_title(f"training reward ({seeds})", fontsize=10)
+    curve_ax.legend(fontsize=8, frameon=False, loc="upper left")
+    for ax in (curve_ax, bar_ax):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def read_records(out: Path) -> list[dict[str, Any]]:
+    """Every run record under ``<out>/real_model_runs``, seed by seed in the methods' order."""
+    records = [json.loads(p.read_text()) for p in (out / "real_model_runs").glob("*.json")]
+    order = list(METHODS)
+    return sorted(records, key=lambda r: (r["seed"], order.index(r["method"])))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
@@ -202,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS), help="comma list of labels")
     parser.add_argument("--set", action="append", default=[], help="section.field=value")
     parser.add_argument("--quick", action="store_true", help="1 step, tiny batch (CI)")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="train nothing: summarise and plot the records already under --out",
+    )
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
@@ -209,16 +293,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown methods {unknown} (valid: {list(METHODS)}) or seeds < 1")
     overrides = [*(QUICK if args.quick else ()), *args.set]
     out = Path(args.out)
-    records = []
-    for seed in range(args.seeds):
+    records = read_records(out) if args.report else []
+    for seed in range(0 if args.report else args.seeds):
         for method in methods:
-            record = run_one(method, seed, out, overrides)
+            first = method == methods[0]
+            record = run_one(method, seed, out, overrides, evaluate_start=first)
             records.append(record)
             print(f"{method} seed {seed}: {record['wall_s']:.0f} s", flush=True)
+    if not records:
+        parser.error(f"no run records under {out / 'real_model_runs'}")
     summary = summarize(records)
-    summary["overrides"] = overrides
+    summary["overrides"] = sorted({a for r in records for a in r["args"][2:]})
     (out / "real_model_comparison.json").write_text(json.dumps(summary, indent=1) + "\n")
+    figure = plot_comparison(records, out / "real_model_comparison.png")
     print(format_summary(summary))
+    print(f"figure: {figure}")
     return 0
 
 

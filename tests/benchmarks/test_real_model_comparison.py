@@ -1,5 +1,6 @@
 """benchmarks/real_model_comparison.py end to end in its quick mode, on the real model
-(SmolLM2-135M-Instruct): each run's record written as it finishes and reused, the summary."""
+(SmolLM2-135M-Instruct): each run's record written as it finishes and reused, the pretrained
+model evaluated once per seed, the summary, the figure and --report."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_quick_comparison_writes_each_run_and_reuses_it(tmp_path, real_model):
     for suffix, fraction in (("none", 1.0), ("gmts", None)):
         record = json.loads((tmp_path / "real_model_runs" / f"{suffix}-seed0.json").read_text())
         assert record["seed"] == 0 and record["commit"] is not None
-        assert [row["step"] for row in record["evals"]] == [0, 1]  # before and after training
+        # the seed's first method evaluates the pretrained model; the others reuse its figure
+        assert [row["step"] for row in record["evals"]] == ([0, 1] if suffix == "none" else [1])
         assert [step["step"] for step in record["steps"]] == [1]
         assert 0.0 <= record["steps"][0]["reward/mean"] <= 1.0
         if fraction is not None:
@@ -35,8 +37,23 @@ def test_quick_comparison_writes_each_run_and_reuses_it(tmp_path, real_model):
     summary = json.loads((tmp_path / "real_model_comparison.json").read_text())
     assert set(summary["methods"]) == {"all tokens", "GMTS top 20%"}
     assert summary["pairs"][0]["a"] == "GMTS top 20%" and summary["pairs"][0]["std"] is None
+    starts = {m: summary["methods"][m]["start"]["mean"] for m in summary["methods"]}
+    assert starts["GMTS top 20%"] == starts["all tokens"]
+    assert (tmp_path / "real_model_comparison.png").stat().st_size > 0
     # a second call finds both records and trains nothing
     mtime = (tmp_path / "real_model_runs" / "gmts-seed0.json").stat().st_mtime_ns
     second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "real_model_runs" / "gmts-seed0.json").stat().st_mtime_ns == mtime
+    # --report summarises the records without training, to the same summary
+    (tmp_path / "real_model_comparison.json").unlink()
+    report = subprocess.run(
+        [sys.executable, str(SCRIPT), "--report", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert json.loads((tmp_path / "real_model_comparison.json").read_text()) == summary
     assert (tmp_path / "real_model_runs" / "gmts-seed0.json").stat().st_mtime_ns == mtime
