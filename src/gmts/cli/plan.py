@@ -38,6 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", action="store_true", help="--shipped: as Markdown")
 
 
+def _indivisible(cfg, gpus: int) -> str | None:
+    """The batch setting ``gpus`` ranks cannot share evenly (e.g. "rollout.questions_per_batch
+    (3)"), or None."""
+    for name, value in (
+        ("rollout.questions_per_batch", cfg.rollout.questions_per_batch),
+        ("optim.mini_batch_questions", cfg.mini_batch_questions),
+    ):
+        if value % gpus:
+            return f"{name} ({value})"
+    return None
+
+
 def _plan(cfg, gpus: int, gpu_bytes: float | None = None):
     """(plan, where the model shape came from) of a TrainConfig on ``gpus`` ranks of
     ``gpu_bytes`` each (None: unknown; a vllm engine is then counted at what one generation
@@ -61,12 +73,8 @@ def _plan(cfg, gpus: int, gpu_bytes: float | None = None):
         prompt, response = task.prompt_length, r.max_response_length or task.max_new_tokens
     else:
         prompt, response = r.max_prompt_length, r.max_response_length or DATASET_MAX_NEW_TOKENS
-    for name, value in (
-        ("rollout.questions_per_batch", r.questions_per_batch),
-        ("optim.mini_batch_questions", cfg.mini_batch_questions),
-    ):
-        if value % gpus:
-            raise ValueError(f"{name} ({value}) must be divisible by --gpus {gpus}")
+    if problem := _indivisible(cfg, gpus):
+        raise ValueError(f"{problem} must be divisible by --gpus {gpus}")
     settings = PlanSettings.from_config(
         cfg,
         world_size=gpus,
@@ -92,6 +100,9 @@ def shipped_table(
         cells = []
         params = ""
         for gpus, gib in SETUPS:
+            if problem := _indivisible(cfg, gpus):  # this config's batch on these ranks: no
+                cells.append(f"n/a: {problem} not divisible by {gpus}")
+                continue
             plan, _ = _plan(cfg, gpus, gib * GIB)
             params = f"{plan.shape.params / 1e9:.2f}B"
             if cfg.model.lora is not None:
