@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gmts.cli import main
-from gmts.eval.benchmarks import load_eval_benchmark, verifier_override
+from gmts.eval.benchmarks import FileFields, load_eval_benchmark, verifier_override
 from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
 from gmts.eval.report import format_table
 from gmts.eval.results_store import ResultsStore, SettingsMismatchError
@@ -121,6 +121,20 @@ def test_resume_with_another_verifier_is_refused(tmp_path: Path) -> None:
     for other in (default, store_settings("m", "hf", EvalConfig(n=2, verifier="exact"))):
         with pytest.raises(SettingsMismatchError, match=r"differs in: verifier\)"):
             ResultsStore(path, other)
+
+
+def test_resume_with_another_file_reward_is_refused(tmp_path: Path) -> None:
+    """A user's file scored by another --reward (or prompted by another --template) is kept
+    apart the same way: its records hold the rewards of the first run."""
+    path = tmp_path / "r.partial.jsonl"
+    default = store_settings("m", "hf", EvalConfig(n=2))
+    assert "file_fields" not in default
+    ResultsStore(
+        path, store_settings("m", "hf", EvalConfig(file_fields=FileFields(reward="exact")))
+    )
+    for fields in (FileFields(), FileFields(reward="math-boxed"), FileFields(template="plain")):
+        with pytest.raises(SettingsMismatchError, match=r"differs in: [a-z_, ]*file_fields"):
+            ResultsStore(path, store_settings("m", "hf", EvalConfig(file_fields=fields)))
 
 
 def test_table_marks_only_the_overridden_cells() -> None:

@@ -112,8 +112,10 @@ def decoding_for(benchmark: str, config: EvalConfig) -> tuple[int, float, str]:
 
 
 def store_settings(model_id: str, backend_name: str, config: EvalConfig) -> dict[str, Any]:
-    """What must match for a results file to be resumed (everything that changes samples, and
-    the verifier override, which changes the recorded rewards)."""
+    """What must match for a results file to be resumed: everything that changes samples or
+    the recorded rewards (the verifier override; how a user's file is read, prompted and
+    scored). The last two appear only when set otherwise than the default, so stores written
+    before they were recorded still resume."""
     settings: dict[str, Any] = {
         "model": model_id,
         "backend": backend_name,
@@ -123,8 +125,10 @@ def store_settings(model_id: str, backend_name: str, config: EvalConfig) -> dict
         "seed": config.seed,
         "batch_size": config.batch_size,
     }
-    if config.verifier is not None:  # absent by default: stores written before it still resume
+    if config.verifier is not None:
         settings["verifier"] = config.verifier
+    if config.file_fields != FileFields():
+        settings["file_fields"] = asdict(config.file_fields)
     return settings
 
 
