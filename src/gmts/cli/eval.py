@@ -10,6 +10,7 @@ Examples::
     gmts eval --table results/grpo.json results/gmts.json           # rows = models
     gmts eval --model RUN --benchmarks mine.jsonl --question-field q --answer-field a \
         --reward math --template math                               # your own file
+    gmts eval --model smollm2-135m-instruct --benchmarks gsm8k --verifier math  # prose answers
 
 Results are appended per question to ``<out stem>.partial.jsonl`` as they finish; running the
 same command again continues where a killed run stopped. See docs/evaluation.md.
@@ -56,9 +57,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reward",
-        default="math",
+        default=None,
         help="your file: the reward of gmts.rewards that scores a completion against the gold "
-        "(math, choice, yes_no, code, format, exact)",
+        "(math, choice, yes_no, code, format, exact; default: math)",
+    )
+    parser.add_argument(
+        "--verifier",
+        default=None,
+        metavar="REWARD",
+        help="score every benchmark of the run (your file too) with this reward of "
+        "gmts.rewards instead of its own verifier; e.g. math (the last \\boxed{}, else the "
+        "last number) for a model that answers in prose where gsm8k and the paper's math "
+        "benchmarks read only \\boxed{}. Refused for code benchmarks (humaneval, mbpp: their "
+        "tests decide) and rewards that run code. Recorded in the results; a table cell it "
+        "scored reads '12.50 [math]' (default: each benchmark's own verifier)",
     )
     parser.add_argument(
         "--template",
@@ -147,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         code_sandbox,
         get_spec,
         parse_benchmarks,
+        verifier_override,
     )
     from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
     from gmts.eval.results_store import ResultsStore
@@ -162,11 +175,16 @@ def run(args: argparse.Namespace) -> int:
             from gmts.eval.backends import check_whole_model
 
             check_whole_model(model_path, "the vllm backend")
+        if args.verifier is not None and args.reward not in (None, args.verifier):
+            return _error(
+                f"--reward {args.reward} and --verifier {args.verifier} both say how your file "
+                "is scored (--verifier scores every benchmark of the run); give one"
+            )
         file_fields = FileFields(
             question_field=args.question_field,
             answer_field=args.answer_field,
             id_field=args.id_field,
-            reward=args.reward,
+            reward=args.reward or FileFields.reward,
             template=args.template,
         )
         benchmarks = parse_benchmarks(args.benchmarks, file_fields)
@@ -182,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
             code_timeout=args.code_timeout,
             sandbox=sandbox or args.sandbox,
             file_fields=file_fields,
+            verifier=args.verifier,
         )
+        for bench in benchmarks:  # a code benchmark under --verifier is refused now
+            verifier_override(bench, config.verifier)
     except (ModelPathError, SandboxUnavailableError) as err:
         return _error(str(err))
     except ValueError as err:

@@ -5,7 +5,8 @@ and template named by :class:`FileFields`, read as ``data.dataset`` reads a file
 
 :func:`load_eval_benchmark` turns a name into an :class:`EvalBenchmark`: the questions with
 their formatted prompts and a scoring function ``score(completion, item) -> (reward,
-extracted)``.
+extracted)``, by the benchmark's own verifier or, under ``gmts eval --verifier NAME``, by the
+reward ``NAME`` of :mod:`gmts.rewards` in its place (:func:`verifier_override`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,47 @@ def reward_verifier(name: str) -> Verifier:
         return float(bound[backend](completion, example.answer)), None
 
     return Verifier(f"reward:{name}", score, runs_code=reward_runs_code(name))
+
+
+def check_verifier(name: str) -> None:
+    """Raise ValueError unless reward ``name`` can score any benchmark in place of its own
+    verifier (``gmts eval --verifier``): a registered reward of :mod:`gmts.rewards` that runs
+    no code (a code reward's gold is test code, which only code benchmarks hold, and those are
+    scored by their own tests)."""
+    from gmts.rewards.registry import available_rewards, reward_runs_code
+
+    if name not in available_rewards():
+        raise ValueError(
+            f"unknown verifier {name!r}; a verifier is a reward of gmts.rewards: "
+            f"{', '.join(available_rewards())}"
+        )
+    if reward_runs_code(name):
+        raise ValueError(
+            f"verifier {name!r} runs code against gold test code, which no answer benchmark "
+            f"holds; code benchmarks are scored by their own tests (your own file of test code: "
+            f"--reward {name})"
+        )
+
+
+def verifier_override(name: str, verifier: str | None) -> Verifier | None:
+    """The verifier that scores benchmark ``name`` in place of its own under ``gmts eval
+    --verifier`` (:func:`reward_verifier` of the reward ``verifier``).
+
+    None when ``verifier`` is None or is the benchmark's own verifier (nothing changes).
+    Raises ValueError for a name :func:`check_verifier` refuses and for a code benchmark: its
+    score is its tests run in the sandbox, which no answer reward may silently replace.
+    """
+    if verifier is None:
+        return None
+    check_verifier(verifier)
+    spec = get_spec(name)
+    if spec.runs_code:
+        raise ValueError(
+            f"verifier {verifier!r} cannot score the code benchmark {name!r}: it is scored by "
+            "running its tests in the sandbox; evaluate it in a run without --verifier"
+        )
+    chosen = reward_verifier(verifier)
+    return None if chosen.name == spec.verifier.name else chosen
 
 
 def file_benchmark(path: str, fields: FileFields) -> Benchmark:
@@ -197,11 +239,16 @@ Scorer = Callable[[str, EvalItem], tuple[float, Any]]
 
 @dataclass(frozen=True)
 class EvalBenchmark:
-    """A loaded benchmark: spec, items in file order, and its scorer."""
+    """A loaded benchmark: spec, items in file order, and its scorer.
+
+    ``verifier_override``: the reward that scores it in place of ``spec.verifier``
+    (:func:`verifier_override`); None when its own verifier scores it.
+    """
 
     spec: Benchmark
     items: list[EvalItem]
     score: Scorer
+    verifier_override: str | None = None
 
 
 def code_sandbox(benchmarks: list[str], sandbox: str | None = None) -> str | None:
@@ -246,6 +293,7 @@ def load_eval_benchmark(
     limit: int | None = None,
     code_timeout: float = 10.0,
     sandbox: str | None = None,
+    verifier: str | None = None,
 ) -> EvalBenchmark:
     """Load benchmark ``name`` and format its prompts for ``tokenizer``.
 
@@ -258,13 +306,18 @@ def load_eval_benchmark(
         code_timeout: seconds per program for code benchmarks.
         sandbox: code benchmarks' sandbox backend, "bwrap" or "subprocess" (weaker, explicit
             opt-in); None: ``$GMTS_SANDBOX``, else "bwrap". Checked before the data is loaded.
+        verifier: a reward of :mod:`gmts.rewards` scoring in place of the benchmark's own
+            verifier (:func:`verifier_override`, checked before the data is loaded); None: its
+            own.
     """
     from gmts.data.prompts import format_prompt
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     spec = get_spec(name)
-    backend = code_sandbox([name], sandbox)  # checked before loading anything
+    override = verifier_override(name, verifier)  # checked before loading anything
+    scoring = override or spec.verifier
+    backend = code_sandbox([name], sandbox)
     if name.startswith(BUILTIN_PREFIX):
         from gmts.embedded.tasks import get_task
 
@@ -288,6 +341,6 @@ def load_eval_benchmark(
             raise ValueError(f"benchmark {name!r} has duplicate question ids: {', '.join(dup)}")
 
     def score(completion: str, item: EvalItem) -> tuple[float, Any]:
-        return spec.verifier.score(completion, item, backend=backend, timeout=code_timeout)
+        return scoring.score(completion, item, backend=backend, timeout=code_timeout)
 
-    return EvalBenchmark(spec, items, score)
+    return EvalBenchmark(spec, items, score, verifier if override else None)

@@ -27,10 +27,12 @@ from gmts.eval.backends import GenerationBackend
 from gmts.eval.benchmarks import (
     EvalBenchmark,
     FileFields,
+    check_verifier,
     code_sandbox,
     get_spec,
     load_eval_benchmark,
     parse_benchmarks,
+    verifier_override,
 )
 from gmts.eval.report import BenchmarkResult, EvalReport
 from gmts.eval.results_store import QuestionRecord, ResultsStore
@@ -55,6 +57,11 @@ class EvalConfig:
         sandbox: code benchmarks' sandbox, "bwrap" or "subprocess" (weaker: explicit opt-in);
             None = ``$GMTS_SANDBOX``, else "bwrap" (an error where bubblewrap does not work).
         file_fields: how a benchmark that is a user's file is read and scored.
+        verifier: a reward of :mod:`gmts.rewards` that scores every benchmark in place of its
+            own verifier (a user's file too, in place of ``file_fields.reward``); e.g. "math"
+            (the last ``\\boxed{}``, else the last number) for a model that answers in prose.
+            Not a reward that runs code, and a run with a code benchmark is refused (its tests
+            decide). None = each benchmark's own verifier.
     """
 
     n: int = 16
@@ -67,6 +74,7 @@ class EvalConfig:
     code_timeout: float = 10.0
     sandbox: str | None = None
     file_fields: FileFields = field(default_factory=FileFields)
+    verifier: str | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -85,6 +93,8 @@ class EvalConfig:
             raise ValueError(
                 f"sandbox must be one of {SANDBOX_BACKENDS} or None, got {self.sandbox!r}"
             )
+        if self.verifier is not None:
+            check_verifier(self.verifier)
 
 
 def derive_seed(seed: int, benchmark: str, chunk_index: int) -> int:
@@ -102,8 +112,11 @@ def decoding_for(benchmark: str, config: EvalConfig) -> tuple[int, float, str]:
 
 
 def store_settings(model_id: str, backend_name: str, config: EvalConfig) -> dict[str, Any]:
-    """What must match for a results file to be resumed (everything that changes samples)."""
-    return {
+    """What must match for a results file to be resumed: everything that changes samples or
+    the recorded rewards (the verifier override; how a user's file is read, prompted and
+    scored). The last two appear only when set otherwise than the default, so stores written
+    before they were recorded still resume."""
+    settings: dict[str, Any] = {
         "model": model_id,
         "backend": backend_name,
         "n": config.n,
@@ -112,6 +125,11 @@ def store_settings(model_id: str, backend_name: str, config: EvalConfig) -> dict
         "seed": config.seed,
         "batch_size": config.batch_size,
     }
+    if config.verifier is not None:
+        settings["verifier"] = config.verifier
+    if config.file_fields != FileFields():
+        settings["file_fields"] = asdict(config.file_fields)
+    return settings
 
 
 def partial_results_path(out_path: str | os.PathLike[str]) -> Path:
@@ -209,6 +227,7 @@ def evaluate_benchmark(
         num_questions=len(records),
         samples_per_question=n,
         records=records,
+        verifier_override=bench.verifier_override,
     )
 
 
@@ -240,6 +259,8 @@ def evaluate(
     names = parse_benchmarks(
         list(benchmarks) if not isinstance(benchmarks, str) else benchmarks, config.file_fields
     )
+    for name in names:  # a code benchmark under a verifier override fails before generating
+        verifier_override(name, config.verifier)
     sandbox = code_sandbox(names, config.sandbox)  # fails before generating anything
     settings = store_settings(model_id or model_name, backend.name, config)
     if isinstance(results_path, ResultsStore):
@@ -259,6 +280,7 @@ def evaluate(
             limit=config.limit,
             code_timeout=config.code_timeout,
             sandbox=sandbox,
+            verifier=config.verifier,
         )
         results.append(evaluate_benchmark(backend, bench, config, store, progress=progress))
     settings = {**settings, **{k: v for k, v in asdict(config).items() if k not in settings}}

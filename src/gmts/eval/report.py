@@ -29,6 +29,8 @@ class BenchmarkResult:
         num_questions: questions scored.
         samples_per_question: n.
         records: per-question results, in benchmark order.
+        verifier_override: the reward that scored it in place of the benchmark's own verifier
+            (``gmts eval --verifier``); None: its own verifier.
     """
 
     name: str
@@ -38,6 +40,7 @@ class BenchmarkResult:
     num_questions: int
     samples_per_question: int
     records: list[QuestionRecord] = field(default_factory=list, repr=False)
+    verifier_override: str | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class BenchmarkResult:
             "percent": round(100.0 * self.score, 2),
             "num_questions": self.num_questions,
             "samples_per_question": self.samples_per_question,
+            "verifier_override": self.verifier_override,
         }
 
 
@@ -110,7 +114,9 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
     """A Markdown table: rows = models, columns = benchmarks (first-seen order) + ``Avg.``.
 
     Each summary is :meth:`EvalReport.summary`'s dict. Scores are percentages with two
-    decimals; a model missing a benchmark shows ``-`` (and its Avg. covers what it has).
+    decimals; a model missing a benchmark shows ``-`` (and its Avg. covers what it has). A
+    score that a reward gave in place of the benchmark's own verifier (``verifier_override``)
+    carries the reward's name, ``12.50 [math]``, and the last line says what that means.
     """
     columns: list[tuple[str, str]] = []
     for summary in summaries:
@@ -118,13 +124,22 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
             if name not in [c[0] for c in columns]:
                 columns.append((name, bench.get("display", name)))
     metrics = {b["metric"] for s in summaries for b in s["benchmarks"].values()}
+    overrides = {
+        b["verifier_override"]
+        for s in summaries
+        for b in s["benchmarks"].values()
+        if b.get("verifier_override")  # absent in files written before the option existed
+    }
     header = ["Model"] + [display for _, display in columns] + ["Avg."]
     rows = [header]
     for summary in summaries:
         row = [str(summary["model"])]
         for name, _ in columns:
             bench = summary["benchmarks"].get(name)
-            row.append(f"{100.0 * bench['score']:.2f}" if bench else "-")
+            cell = f"{100.0 * bench['score']:.2f}" if bench else "-"
+            if bench and bench.get("verifier_override"):
+                cell += f" [{bench['verifier_override']}]"
+            row.append(cell)
         row.append(f"{100.0 * summary['average']:.2f}")
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -141,5 +156,10 @@ def format_table(summaries: list[dict[str, Any]]) -> str:
         + "|"
     )
     out = [line(rows[0]), sep] + [line(r) for r in rows[1:]]
-    out.append(f"({', '.join(sorted(metrics))} in %)")
+    notes = [f"{', '.join(sorted(metrics))} in %"]
+    notes += [
+        f"[{name}]: scored by the reward {name}, not the benchmark's own verifier"
+        for name in sorted(overrides)
+    ]
+    out.append(f"({'; '.join(notes)})")
     return "\n".join(out)
