@@ -95,6 +95,8 @@ from gmts.train.sources import (
 )
 from gmts.train.update import UpdateResult, train_minibatch, update_metrics
 
+_Rows = list[tuple[str, str]]  # a dataset's (question, answer) pairs (sources.load_examples)
+
 
 @dataclass
 class TrainResult:
@@ -232,9 +234,7 @@ class Trainer:
         assert start is not None
         return start
 
-    def _open_source(
-        self, reward_fn: RewardFn | None
-    ) -> tuple[list[tuple[str, str]] | None, list[tuple[str, str]] | None]:
+    def _open_source(self, reward_fn: RewardFn | None) -> tuple[_Rows | None, _Rows | None]:
         """The first half of the data and reward source: needs no model, so a bad dataset,
         field or reward (a code reward without a sandbox) fails before any model is loaded.
 
@@ -281,11 +281,7 @@ class Trainer:
             self.reward_expects = ("the reward_fn given to the trainer", "")
         return examples, eval_examples
 
-    def _model_paths(
-        self,
-        examples: list[tuple[str, str]] | None,
-        eval_examples: list[tuple[str, str]] | None,
-    ) -> tuple[str, str]:
+    def _model_paths(self, examples: _Rows | None, eval_examples: _Rows | None) -> tuple[str, str]:
         """Gives the base model's folder (``model.path`` resolved) and the folder the run
         loads its tokenizer and config from (the checkpoint's model when resuming).
 
@@ -302,11 +298,7 @@ class Trainer:
         load_path = str(self.resume_from / "model") if self.resume_from else base_path
         return base_path, load_path
 
-    def _render_source(
-        self,
-        examples: list[tuple[str, str]] | None,
-        eval_examples: list[tuple[str, str]] | None,
-    ) -> None:
+    def _render_source(self, examples: _Rows | None, eval_examples: _Rows | None) -> None:
         """The second half of the source: needs the tokenizer (prompts are rendered with it).
         Gives a dataset run's ``source`` and, with ``data.eval_dataset``, ``held_out``."""
         cfg, r = self.cfg, self.cfg.rollout
@@ -467,7 +459,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers of the parts
 
-    def _check_embedded_can_read(self, *datasets: list[tuple[str, str]] | None) -> None:
+    def _check_embedded_can_read(self, *datasets: _Rows | None) -> None:
         """Render the datasets with the embedded model's tokenizer before its warm start is
         built (minutes on first use): text it cannot encode fails now (train/alphabet.py)."""
         from gmts.embedded.tokenizer import build_char_tokenizer
