@@ -4,6 +4,7 @@ bit-exact resume is tested in test_train_resume.py, test_preemption.py and test_
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import warnings
 from pathlib import Path
@@ -19,6 +20,9 @@ from gmts.train import checkpoint as ckpt
 from gmts.train.restore import restore_trainer_state
 
 CPU = torch.device("cpu")
+_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
+_tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_tiny)
 
 
 class _Source:
@@ -123,3 +127,29 @@ def test_another_strategy_is_refused_before_any_state_is_put_back(tmp_path):
         _restore(tmp_path / "ckpt", parts)
     _, optimizer, _, source = parts
     assert source.position == 0 and optimizer.state_dict()["state"] == {}
+
+
+def test_a_resumed_trainer_warns_at_the_trainer_call(tiny_dir, tmp_path, monkeypatch):
+    """Through the Trainer (restore <- Trainer._restore <- Trainer.__init__): the warning of a
+    checkpoint written by another number of processes names the line that built the Trainer."""
+    import gmts.train.restore as restore_module
+    from gmts.train.trainer import Trainer
+
+    cfg = _tiny.small_config(tiny_dir, tmp_path / "run", "optim.steps=1", "checkpoint.every=1")
+    trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
+    trainer.run()
+    trainer.close()
+    read = restore_module.ckpt.load_trainer_state
+
+    def two_ranks(path):
+        state = read(path)
+        return {**state, "rng_ranks": state["rng_ranks"] * 2}
+
+    monkeypatch.setattr(restore_module.ckpt, "load_trainer_state", two_ranks)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = Trainer(cfg, resume=True, reward_fn=_tiny.partial_credit)
+    resumed.close()
+    (warning,) = [w for w in caught if "written by 2 processes" in str(w.message)]
+    assert Path(warning.filename).name == "test_restore.py"
+    assert resumed.step == 1
