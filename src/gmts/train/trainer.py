@@ -64,7 +64,13 @@ from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
 from gmts.train.correction import RolloutCorrection
-from gmts.train.engines import EngineInputs, check_engine, logprob_gap_metrics, make_engine
+from gmts.train.engines import (
+    EngineInputs,
+    RolloutEngine,
+    check_engine,
+    logprob_gap_metrics,
+    make_engine,
+)
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import load_policy
 from gmts.train.preemption import (
@@ -73,6 +79,7 @@ from gmts.train.preemption import (
     clear_marker,
     write_marker,
 )
+from gmts.train.restore import restore_trainer_state
 from gmts.train.run_folder import ResumeMode, RunStart, prepare_run_folder, record_start
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, ZeroSignalWatch
@@ -87,6 +94,8 @@ from gmts.train.sources import (
     load_examples,
 )
 from gmts.train.update import UpdateResult, train_minibatch, update_metrics
+
+_Rows = list[tuple[str, str]]  # a dataset's (question, answer) pairs (sources.load_examples)
 
 
 @dataclass
@@ -128,32 +137,112 @@ class Trainer:
         allow_config_change: bool = False,
         reward_fn: RewardFn | None = None,
     ) -> None:
-        """``resume``, ``overwrite``, ``allow_config_change``: what the run may do with its
-        folder (``--resume [auto]``, ``--overwrite``, ``--allow-config-change``; checked
-        before anything loads, :mod:`gmts.train.run_folder`)."""
+        """Build the run from its parts, in this order (each part's docstring says what it
+        needs and what it gives):
+
+        1. processes (``_check_processes``): the process group, the divisibility of the batch
+           by the processes, the device and the rollout engine's settings; nothing read yet;
+        2. seeds (``_seed``): the global RNGs, before anything draws from them;
+        3. run folder (``_start_in_run_folder``): resume, refuse or clear it and check that it
+           takes files, before any data or model work; ``resume``, ``overwrite``, ``allow_config_change`` are what the run
+           may do with it (``--resume [auto]``, ``--overwrite``, ``--allow-config-change``,
+           :mod:`gmts.train.run_folder`);
+        4. source, first half (``_open_source``): the task, or the dataset's rows, and the
+           reward: a bad dataset or reward fails before any model is loaded;
+        5. model paths (``_model_paths``) and the tokenizer: the embedded model's alphabet is
+           checked before its warm start is built;
+        6. source, second half (``_render_source``): the dataset's prompts rendered with that
+           tokenizer;
+        7. checks before any weight is read (``_check_before_weights``): LoRA targets, context,
+           memory plan;
+        8. policy (``_build_policy``): precision, strategy, weights;
+        9. optimizer and schedule (``_build_optimization``), with the scorer and the loss;
+        10. restore (``_restore``, resuming only, :mod:`gmts.train.restore`): after every part
+            that draws random numbers, so that its RNG states are the last word;
+        11. the rollout engine (``_make_engine``);
+        12. the run folder's writes (``_open_logs``): the metrics logger, the rows of steps
+            about to be re-run dropped, the start recorded.
+        """
         self.cfg = cfg
+        self._check_processes()
+        self._seed()
+        self.run_dir = Path(cfg.logging.output_dir)
+        self.start = self._start_in_run_folder(resume, overwrite, allow_config_change)
+        self.resume_from = self.start.checkpoint
+        examples, eval_examples = self._open_source(reward_fn)
+        self._signal_watch: ZeroSignalWatch | None = None  # made at the first step (rank 0)
+        base_path, load_path = self._model_paths(examples, eval_examples)
+        self.tokenizer = load_tokenizer(load_path, trust_remote_code=cfg.model.trust_remote_code)
+        self._render_source(examples, eval_examples)
+        model_config = self._check_before_weights(load_path)
+        self._build_policy(base_path)
+        self._build_optimization()
+        self.step = 0
+        self.skipped_total = 0
+        if self.resume_from is not None:
+            self._restore()
+        self.rollout_engine = self._make_engine(load_path, model_config)
+        self._open_logs()
+
+    # ------------------------------------------------------------------ the parts, in order
+
+    def _check_processes(self) -> None:
+        """Needs ``cfg``. Gives ``info`` (this process's place in the group) and ``device``,
+        after the checks that need no file: the batch and the mini-batch divide among the
+        processes, and the rollout engine's settings hold (vLLM installed, ...)."""
+        cfg = self.cfg
         self.info: DistInfo = init_distributed(cfg.model.device)
         world = self.info.world_size
-        r = cfg.rollout
         for name, value in (
-            ("rollout.questions_per_batch", r.questions_per_batch),
+            ("rollout.questions_per_batch", cfg.rollout.questions_per_batch),
             ("optim.mini_batch_questions", cfg.mini_batch_questions),
         ):
             if value % world:
                 raise ValueError(f"{name} ({value}) must be divisible by the {world} processes")
         self.device = pick_device(cfg.model.device, self.info.local_rank)
         check_engine(cfg, self.device)
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        self.run_dir = Path(cfg.logging.output_dir)
-        show = cfg.logging.progress and self.info.is_main
-        # The run folder first: resume, refuse or clear it, and check it takes files.
-        self.start = self._start_in_run_folder(resume, overwrite, allow_config_change)
-        self.resume_from = self.start.checkpoint
 
-        # Data and rewards first: a bad dataset or reward fails before any model is loaded.
+    def _seed(self) -> None:
+        """The thread count (``threads``) and the global RNGs seeded with ``seed``: every later
+        draw (the LoRA adapters' initialisation, sampling, dropout) follows from here."""
+        if self.cfg.threads is not None:
+            torch.set_num_threads(self.cfg.threads)
+        random.seed(self.cfg.seed)
+        torch.manual_seed(self.cfg.seed)
+
+    def _start_in_run_folder(
+        self, resume: ResumeMode, overwrite: bool, allow_config_change: bool
+    ) -> RunStart:
+        """Rank 0 checks (and with ``overwrite`` clears) the run folder; every rank gets its
+        answer (the checkpoint's files are verified once, not once per rank)."""
+        start = None
+        if self.info.is_main:
+            start = prepare_run_folder(
+                self.cfg,
+                resume=resume,
+                overwrite=overwrite,
+                allow_config_change=allow_config_change,
+            )
+            if start.note is not None:
+                print(f"gmts train: {start.note}", file=sys.stderr)
+        if self.info.world_size > 1:
+            import torch.distributed as dist
+
+            shared = [start]
+            dist.broadcast_object_list(shared, src=0, group=self.info.group)
+            start = shared[0]
+        assert start is not None
+        return start
+
+    def _open_source(self, reward_fn: RewardFn | None) -> tuple[_Rows | None, _Rows | None]:
+        """The first half of the data and reward source: needs no model, so a bad dataset,
+        field or reward (a code reward without a sandbox) fails before any model is loaded.
+
+        Gives ``task`` and ``source`` (a built-in task), or the dataset's rows (returned, with
+        ``data.eval_dataset``'s; ``_render_source`` turns them into prompts once the tokenizer
+        is there); ``reward_fn`` (the one given, else the task's or ``data.reward``),
+        ``reward_expects`` (what the zero-signal warning names) and ``max_new_tokens``."""
+        cfg, r = self.cfg, self.cfg.rollout
         self.task = None
         self.held_out: HeldOutSet | None = None  # data.eval_dataset's questions
         examples = eval_examples = None
@@ -190,21 +279,30 @@ class Trainer:
             self.max_new_tokens = r.max_response_length or DATASET_MAX_NEW_TOKENS
         if reward_fn is not None:
             self.reward_expects = ("the reward_fn given to the trainer", "")
-        self._signal_watch: ZeroSignalWatch | None = None  # made at the first step (rank 0)
+        return examples, eval_examples
 
-        if cfg.model.path == EMBEDDED:  # its tokenizer is known before the warm start is built
+    def _model_paths(self, examples: _Rows | None, eval_examples: _Rows | None) -> tuple[str, str]:
+        """Gives the base model's folder (``model.path`` resolved) and the folder the run
+        loads its tokenizer and config from (the checkpoint's model when resuming).
+
+        Needs the dataset's rows: the embedded model's tokenizer is known before its warm start
+        is built (minutes on first use), so text it cannot encode fails first. Rank 0 builds
+        (and caches) the warm start, then the other ranks resolve the same path."""
+        if self.cfg.model.path == EMBEDDED:
             self._check_embedded_can_read(examples, eval_examples)
-
-        # The model: rank 0 builds/caches the embedded warm start first, then the others.
         if self.info.is_main:
-            base_path = self._model_path(progress=show)
+            base_path = self._model_path(progress=self.cfg.logging.progress)
         barrier(self.info)
         if not self.info.is_main:
             base_path = self._model_path(progress=False)
         load_path = str(self.resume_from / "model") if self.resume_from else base_path
-        remote = cfg.model.trust_remote_code
-        self.tokenizer = load_tokenizer(load_path, trust_remote_code=remote)
-        if examples is not None:  # prompts are rendered with the model's tokenizer
+        return base_path, load_path
+
+    def _render_source(self, examples: _Rows | None, eval_examples: _Rows | None) -> None:
+        """The second half of the source: needs the tokenizer (prompts are rendered with it).
+        Gives a dataset run's ``source`` and, with ``data.eval_dataset``, ``held_out``."""
+        cfg, r = self.cfg, self.cfg.rollout
+        if examples is not None:
             self.source = DatasetSource(
                 examples,
                 tokenizer=self.tokenizer,
@@ -224,19 +322,28 @@ class Trainer:
                 max_new_tokens=self.max_new_tokens,
             )
 
-        # Before any weight is read: do the LoRA targets exist, does the longest prompt + the
-        # budget fit the model, and does the run fit the device?
+    def _check_before_weights(self, load_path: str) -> Any:
+        """Before any weight is read: do the LoRA targets exist, does the longest prompt + the
+        budget fit the model, and does the run fit the device? Needs the source (its prompts)
+        and the tokenizer; gives ``prompt_tokens``, ``memory_plan`` and the model's config
+        (returned)."""
+        remote = self.cfg.model.trust_remote_code
         model_config = load_model_config(load_path, trust_remote_code=remote)
-        check_targets(model_config, cfg.model.lora, trust_remote_code=remote)
+        check_targets(model_config, self.cfg.model.lora, trust_remote_code=remote)
         self.prompt_tokens = self._check_context(model_config, load_path)
-        self.memory_plan = self._plan_memory(model_config, show)
+        self.memory_plan = self._plan_memory(model_config)
+        return model_config
 
+    def _build_policy(self, base_path: str) -> None:
+        """Gives ``precision``, ``strategy`` and the weights: ``model`` (what trains, in
+        float32 whatever ``model.dtype`` says: the whole model, or LoRA adapters on a base
+        frozen in the compute dtype; policy.py, precision.py) and ``ref_model`` (KL only).
+        Resuming, the checkpoint's weights load in place of ``base_path``'s."""
+        cfg = self.cfg
         self.precision = Precision.from_name(cfg.model.dtype)
         self.strategy = make_strategy(
             cfg.distributed.strategy, self.info, self.precision, self.device
         )
-        # what trains in float32 whatever model.dtype says (policy.py, precision.py): the whole
-        # model, or LoRA adapters on a base frozen in the compute dtype
         policy = load_policy(
             base_path=base_path,
             resume_from=self.resume_from,
@@ -244,12 +351,18 @@ class Trainer:
             strategy=self.strategy,
             reference=cfg.objective.kl_coef > 0,
             seed=cfg.seed,
-            trust_remote_code=remote,
+            trust_remote_code=cfg.model.trust_remote_code,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
         )
         self.model, self.ref_model = policy.model, policy.reference
 
-        # Optimisation.
+    def _build_optimization(self) -> None:
+        """Needs the policy (its trainable parameters) and ``max_new_tokens``. Gives the
+        ``optimizer`` (AdamW) and its ``scheduler``, the ``scorer`` every forward goes
+        through, the ``loss``, the rollout ``correction``, the mini-batch sizes and whether
+        an update can reuse its own forward (``single_pass``)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        world = self.info.world_size
         self.minibatches = r.questions_per_batch // cfg.mini_batch_questions
         self.total_opt_steps = cfg.optim.steps * self.minibatches * cfg.optim.epochs
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -279,37 +392,33 @@ class Trainer:
             and cfg.optim.epochs == 1
             and rows_per_rank <= cfg.optim.micro_batch_size
         )
-        self.step = 0
-        self.skipped_total = 0
-        if self.resume_from is not None:
-            state = ckpt.load_trainer_state(self.resume_from)
-            saved = state.get("strategy", "replicate")
-            if saved != cfg.distributed.strategy:
-                raise ValueError(
-                    f"--resume: {self.resume_from} was written with distributed.strategy="
-                    f"{saved}; resume it with the same strategy"
-                )
-            self.strategy.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.source.load_state_dict(state["source"])
-            ranks = state.get("rng_ranks")  # checkpoints before per-rank states: rank 0's
-            if ranks is not None and len(ranks) != world:
-                warnings.warn(
-                    f"--resume: {self.resume_from} was written by {len(ranks)} processes, this "
-                    f"run has {world}: every rank takes rank 0's RNG state, so the run does "
-                    "not continue exactly (it does with the same number of processes)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                ranks = None
-            ckpt.restore_rng_state(state["rng"] if ranks is None else ranks[self.info.rank])
-            self.step = int(state["step"])
-            self.skipped_total = int(state.get("skipped_total", 0))
-        # Who samples (rollout.engine): the policy itself, or a colocated vLLM engine started
-        # from the same weights (gmts.train.engines).
-        self.rollout_engine = make_engine(
+
+    def _restore(self) -> None:
+        """Resuming: the checkpoint's optimizer, schedule, source and RNG states put back, and
+        its ``step`` and ``skipped_total`` (:mod:`gmts.train.restore`). Needs every part above
+        built; comes after the last of them that draws random numbers."""
+        assert self.resume_from is not None
+        restored = restore_trainer_state(
+            self.resume_from,
+            strategy_name=self.cfg.distributed.strategy,
+            strategy=self.strategy,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            source=self.source,
+            info=self.info,
+            stacklevel=4,  # the warning points at the Trainer(...) call
+        )
+        self.step = restored.step
+        self.skipped_total = restored.skipped_total
+
+    def _make_engine(self, load_path: str, model_config: Any) -> RolloutEngine:
+        """Who samples (``rollout.engine``): the policy itself, or a colocated vLLM engine
+        started from the same weights (:mod:`gmts.train.engines`). Needs the policy, the
+        tokenizer and the context check's ``prompt_tokens``."""
+        return make_engine(
             EngineInputs(
-                cfg=cfg,
+                cfg=self.cfg,
                 model=self.model,
                 tokenizer=self.tokenizer,
                 strategy=self.strategy,
@@ -321,6 +430,12 @@ class Trainer:
                 max_new_tokens=self.max_new_tokens,
             )
         )
+
+    def _open_logs(self) -> None:
+        """The run folder's writes, last, once the run is sure to start: the ``logger`` and,
+        on rank 0, the metrics rows of steps about to be re-run dropped and the start recorded
+        (:func:`gmts.train.run_folder.record_start`)."""
+        cfg = self.cfg
         self.logger = MetricsLogger(
             self.run_dir,
             report_to=cfg.logging.report_to,
@@ -342,31 +457,9 @@ class Trainer:
                     file=sys.stderr,
                 )
 
-    def _start_in_run_folder(
-        self, resume: ResumeMode, overwrite: bool, allow_config_change: bool
-    ) -> RunStart:
-        """Rank 0 checks (and with ``overwrite`` clears) the run folder; every rank gets its
-        answer (the checkpoint's files are verified once, not once per rank)."""
-        start = None
-        if self.info.is_main:
-            start = prepare_run_folder(
-                self.cfg,
-                resume=resume,
-                overwrite=overwrite,
-                allow_config_change=allow_config_change,
-            )
-            if start.note is not None:
-                print(f"gmts train: {start.note}", file=sys.stderr)
-        if self.info.world_size > 1:
-            import torch.distributed as dist
+    # ------------------------------------------------------------------ helpers of the parts
 
-            shared = [start]
-            dist.broadcast_object_list(shared, src=0, group=self.info.group)
-            start = shared[0]
-        assert start is not None
-        return start
-
-    def _check_embedded_can_read(self, *datasets: list[tuple[str, str]] | None) -> None:
+    def _check_embedded_can_read(self, *datasets: _Rows | None) -> None:
         """Render the datasets with the embedded model's tokenizer before its warm start is
         built (minutes on first use): text it cannot encode fails now (train/alphabet.py)."""
         from gmts.embedded.tokenizer import build_char_tokenizer
@@ -436,7 +529,7 @@ class Trainer:
         )
         return longest
 
-    def _plan_memory(self, model_config: Any, show: bool) -> MemoryPlan | None:
+    def _plan_memory(self, model_config: Any) -> MemoryPlan | None:
         """The per-rank memory plan (printed by rank 0); on CUDA, refuse a run that does not
         fit (``distributed.check_memory``)."""
         on_gpu = self.device.type == "cuda"
