@@ -126,6 +126,9 @@ def run_one(
                     "reward/mean",
                     "reward/accuracy",
                     "select/fraction",
+                    "select/positive_adv_fraction",
+                    "response/length_mean",
+                    "policy/entropy",
                     "time/step_s",
                 )
                 if key in row
@@ -147,8 +150,10 @@ def _accuracy(row: dict[str, Any]) -> float:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per method: held-out accuracy before, at the end, its gain and the mean over the curve
-    (mean +- std over seeds); per pair of methods: the paired differences over common seeds."""
+    """Per method: held-out accuracy before, at the end, its gain and the mean over the curve,
+    the share of its selected tokens with a positive advantage (in a right answer) and the
+    seconds per step (mean +- std over seeds); per pair of methods: the paired differences
+    over common seeds."""
     by_method: dict[str, dict[int, dict[str, float]]] = {}
     start_of_seed = {  # the pretrained model's figure, from the run of the seed that took it
         r["seed"]: _accuracy(r["evals"][0])
@@ -160,17 +165,23 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         if "data.eval_before=false" in record["args"]:
             curve = [start_of_seed[record["seed"]], *curve]
         times = [s["time/step_s"] for s in record["steps"] if "time/step_s" in s]
+        positive = [  # a step that selected nothing logs no number here
+            s["select/positive_adv_fraction"]
+            for s in record["steps"]
+            if isinstance(s.get("select/positive_adv_fraction"), (int, float))
+        ]
         by_method.setdefault(record["method"], {})[record["seed"]] = {
             "start": curve[0],
             "final": curve[-1],
             "gain": curve[-1] - curve[0],
             "mean": sum(curve) / len(curve),
             "s_per_step": sum(times) / max(len(times), 1),
+            "positive_selected": 100.0 * sum(positive) / max(len(positive), 1),
         }
     methods: dict[str, Any] = {}
     for method, seeds in by_method.items():
         methods[method] = {"seeds": sorted(seeds)}
-        for key in ("start", "final", "gain", "mean", "s_per_step"):
+        for key in ("start", "final", "gain", "mean", "s_per_step", "positive_selected"):
             mean, std = mean_std([seeds[s][key] for s in sorted(seeds)])
             methods[method][key] = {"mean": mean, "std": std}
     pairs: list[dict[str, Any]] = []
@@ -191,13 +202,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         std = stat["std"]
         return f"{stat['mean']:.1f}" + (f"±{std:.1f}" if std is not None else "")
 
-    lines = [f"{'method':<15}{'before':>11}{'final':>11}{'gain':>11}{'mean':>11}{'s/step':>9}"]
+    head = f"{'method':<15}{'before':>11}{'final':>11}{'gain':>11}{'mean':>11}{'A>0 sel':>9}"
+    lines = [head + f"{'s/step':>9}"]
     for method in METHODS:
         if method not in summary["methods"]:
             continue
         m = summary["methods"][method]
         cells = "".join(f"{cell(m[k]):>11}" for k in ("start", "final", "gain", "mean"))
-        lines.append(f"{method:<15}{cells}{m['s_per_step']['mean']:>9.1f}")
+        positive = f"{m['positive_selected']['mean']:.1f}%"
+        lines.append(f"{method:<15}{cells}{positive:>9}{m['s_per_step']['mean']:>9.1f}")
     lines.append("paired by seed, A - B in points: mean±std [95% t interval]")
     for p in summary["pairs"]:
         spread = f"±{p['std']:.1f} [{p['low']:+.1f}, {p['high']:+.1f}]" if p["std"] else ""

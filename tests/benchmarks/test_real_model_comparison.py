@@ -57,3 +57,15 @@ def test_quick_comparison_writes_each_run_and_reuses_it(tmp_path, real_model):
     assert report.returncode == 0, report.stderr[-3000:]
     assert json.loads((tmp_path / "real_model_comparison.json").read_text()) == summary
     assert (tmp_path / "real_model_runs" / "gmts-seed0.json").stat().st_mtime_ns == mtime
+
+
+def test_docs_hold_the_summary_of_the_committed_records():
+    """docs/results.md's comparison table is what --report prints from the committed run
+    records (benchmarks/results/real_model/real_model_runs), so neither can go stale alone."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import real_model_comparison as comparison
+
+    records = comparison.read_records(REPO / "benchmarks" / "results" / "real_model")
+    assert len({r["seed"] for r in records}) >= 3 and len({r["method"] for r in records}) == 4
+    table = comparison.format_summary(comparison.summarize(records))
+    assert table in (REPO / "docs" / "results.md").read_text()
