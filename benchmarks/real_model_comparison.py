@@ -87,7 +87,7 @@ def run_one(
     config = CONFIGS / f"dapo-{suffix}.yaml"
     args = [f"seed={seed}", f"logging.output_dir={run_dir}", *overrides]
     if not evaluate_start:
-        args.append("data.eval_before=false")
+        args.append(SHARED_START)
     if record_path.is_file():
         old = json.loads(record_path.read_text())
         if old.get("args") == args and old.get("config_file") == str(config.relative_to(REPO)):
@@ -143,6 +143,16 @@ def run_one(
     return record
 
 
+SHARED_START = "data.eval_before=false"
+"""The argument of a run that takes its seed's pretrained figure from the seed's first run."""
+
+
+def pretrained_by_seed(records: list[dict[str, Any]]) -> dict[int, float]:
+    """Seed -> the pretrained model's held-out figure (%), from the run of the seed that took
+    it (the others carry :data:`SHARED_START`)."""
+    return {r["seed"]: _accuracy(r["evals"][0]) for r in records if SHARED_START not in r["args"]}
+
+
 def _accuracy(row: dict[str, Any]) -> float:
     """A held-out evaluation row's average@k in percent."""
     key = next(k for k in row if k.startswith("average@"))
@@ -155,14 +165,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     seconds per step (mean +- std over seeds); per pair of methods: the paired differences
     over common seeds."""
     by_method: dict[str, dict[int, dict[str, float]]] = {}
-    start_of_seed = {  # the pretrained model's figure, from the run of the seed that took it
-        r["seed"]: _accuracy(r["evals"][0])
-        for r in records
-        if "data.eval_before=false" not in r["args"]
-    }
+    start_of_seed = pretrained_by_seed(records)
     for record in records:
         curve = [_accuracy(row) for row in record["evals"]]
-        if "data.eval_before=false" in record["args"]:
+        if SHARED_START in record["args"]:
             curve = [start_of_seed[record["seed"]], *curve]
         times = [s["time/step_s"] for s in record["steps"] if "time/step_s" in s]
         positive = [  # a step that selected nothing logs no number here
@@ -233,11 +239,9 @@ def plot_comparison(records: list[dict[str, Any]], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = summarize(records)
-    methods = [m for m in METHODS if m in summary["methods"]]
+    methods = [m for m in METHODS if any(r["method"] == m for r in records)]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, (curve_ax, bar_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
-    start_of_seed = {}
     for i, method in enumerate(methods):
         color = colors[i % len(colors)]
         runs = [r for r in records if r["method"] == method]
@@ -253,18 +257,15 @@ def plot_comparison(records: list[dict[str, Any]], out: Path) -> Path:
             high = [max(per_step[s]) for s in steps]
             curve_ax.fill_between(steps, low, high, color=color, alpha=0.15, lw=0)
         finals = [_accuracy(r["evals"][-1]) for r in runs]
-        for run in runs:
-            if "data.eval_before=false" not in run["args"]:
-                start_of_seed[run["seed"]] = _accuracy(run["evals"][0])
         bar_ax.bar(i + 1, sum(finals) / len(finals), color=color, alpha=0.5)
         bar_ax.scatter([i + 1] * len(finals), finals, color=color, s=14, zorder=3)
-    starts = list(start_of_seed.values())
+    starts = list(pretrained_by_seed(records).values())
     bar_ax.bar(0, sum(starts) / max(len(starts), 1), color="grey", alpha=0.5)
     bar_ax.scatter([0] * len(starts), starts, color="grey", s=14, zorder=3)
     bar_ax.set_xticks(range(len(methods) + 1), ["pretrained", *methods], fontsize=8)
     key = next((k for k in records[0]["evals"][-1] if k.startswith("average@")), "average@k")
     bar_ax.set_ylabel(f"held-out {key} (%)")
-    bar_ax.set_title("held-out, after training (dots: seeds; bar: mean)", fontsize=10)
+    bar_ax.set_title("held-out: pretrained, after training (dots: seeds; bar: mean)", fontsize=10)
     curve_ax.set_xlabel("RL step")
     curve_ax.set_ylabel("training reward (%)")
     n_seeds = len({r["seed"] for r in records})
@@ -306,13 +307,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown methods {unknown} (valid: {list(METHODS)}) or seeds < 1")
     overrides = [*(QUICK if args.quick else ()), *args.set]
     out = Path(args.out)
-    records = read_records(out) if args.report else []
-    for seed in range(0 if args.report else args.seeds):
-        for method in methods:
-            first = method == methods[0]
-            record = run_one(method, seed, out, overrides, evaluate_start=first)
-            records.append(record)
-            print(f"{method} seed {seed}: {record['wall_s']:.0f} s", flush=True)
+    if args.report:
+        records = read_records(out)
+    else:
+        records = []
+        for seed in range(args.seeds):
+            for method in methods:
+                first = method == methods[0]
+                record = run_one(method, seed, out, overrides, evaluate_start=first)
+                records.append(record)
+                print(f"{method} seed {seed}: {record['wall_s']:.0f} s", flush=True)
     if not records:
         parser.error(f"no run records under {out / 'real_model_runs'}")
     summary = summarize(records)
