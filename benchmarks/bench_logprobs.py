@@ -1,7 +1,8 @@
 """Item 2 (and issue 21): per-token log-probs + entropy over a large vocabulary, forward + backward.
 
-Shapes: V = 151,936, H = 1536 (Qwen2.5-1.5B's LM head), float32, on a grid of N tokens x torch
-threads (default ``1024x1,1024x2,4096x1,4096x2``; ``--logprobs-grid`` picks cells). Variants:
+Shapes: V = 151,936, H = 1536 (Qwen2.5-1.5B's LM head; ``--logprobs-shape VxH`` picks another,
+e.g. ``49152x576`` for SmolLM2-135M), float32, on a grid of N tokens x torch threads (default
+``1024x1,1024x2,4096x1,4096x2``; ``--logprobs-grid`` picks cells). Variants:
 - ``naive``: full logits = hidden @ W.T, ``log_softmax`` over V, gather the label log-prob,
   entropy = -(p * log p).sum under no_grad (what most RL code writes),
 - ``chunked``: full logits, then ``gmts.token_logprobs_and_entropy`` (chunked over tokens),
@@ -44,6 +45,7 @@ from typing import Any
 
 VARIANTS = ("naive", "chunked", "from_hidden")
 DEFAULT_GRID = "1024x1,1024x2,4096x1,4096x2"
+DEFAULT_SHAPE = "151936x1536"  # Qwen2.5-1.5B's LM head; SmolLM2-135M's is 49152x576
 TIME_GOAL = 1.35  # issue 21: from-hidden wall time <= 1.35x naive in every cell
 MEMORY_GOAL = 5.0  # and >= 5x less peak memory beyond parameters and gradients
 
@@ -284,6 +286,14 @@ def parse_grid(text: str) -> list[tuple[int, int]]:
     return cells
 
 
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"49152x576"`` -> ``(49152, 576)`` (vocabulary x hidden size of the LM head)."""
+    v, sep, h = text.strip().partition("x")
+    if not sep or not v.isdigit() or not h.isdigit() or int(v) < 2 or int(h) < 1:
+        raise ValueError(f"--logprobs-shape: VOCABxHIDDEN, e.g. 49152x576; got {text!r}")
+    return int(v), int(h)
+
+
 def memory_need(variant: str, n: int, v: int, h: int) -> tuple[int, int]:
     """Rough bytes of one worker: (resident between steps, extra during a step).
 
@@ -423,7 +433,7 @@ def run(options) -> dict[str, Any]:
         v, h, repeats = 8192, 128, 2
         cells = [(256, options.threads)]
     else:
-        v, h = 151_936, 1536
+        v, h = parse_shape(options.extra.get("logprobs_shape") or DEFAULT_SHAPE)
         repeats = options.extra.get("logprobs_repeats") or 3
         cells = parse_grid(options.extra.get("logprobs_grid") or DEFAULT_GRID)
     if options.device != "cpu":  # thread counts do not apply to a GPU: one cell per N

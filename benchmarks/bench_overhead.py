@@ -19,6 +19,12 @@ every step trains on all ``questions x group_size`` answers.
 
 With ``--device cuda`` and ``GMTS_BENCH_MODEL`` set to ``benchmarks/gpu_model.py``'s randomly
 initialised Qwen2.5-1.5B-shaped model, the same comparison runs on a GPU (item 6).
+
+With ``--overhead-config FILE`` (and ``--overhead-set KEY=VALUE ...``) every variant is that
+trainer config instead of the demo recipe, e.g. ``configs/smollm2-135m-instruct/base.yaml``: the
+same comparison on a real model (issue 27, item 5: SmolLM2-135M, vocabulary 49,152), its own
+questions, template, reward and lengths; only the selection, dynamic sampling (off), the held-out
+evaluation (off) and the checkpoints (none) are changed.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,22 +57,32 @@ def run(options: BenchOptions) -> dict[str, Any]:
     repeats = 2 if options.quick else int(options.extra.get("overhead_repeats", 20))
     if options.device != "cpu" and not options.quick:
         repeats = min(repeats, 10)  # a 1.5B model: keeps item 6 inside its 10-minute budget
-    model_path = warm_model_path()
+    config_file = options.extra.get("overhead_config")
+    model_path = None if config_file else warm_model_path()
     trainers: dict[str, Any] = {}
     initial: dict[str, tuple[dict, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="gmts-bench-overhead-") as tmp:
         for name, (score, metrics_on) in VARIANTS.items():
-            cfg = train_config(
-                model_path,
-                Path(tmp) / name.replace("+", "_"),
-                score=score,
-                shape=shape,
-                overlap_metrics=metrics_on,
-                device=options.device,
-                # every sampled answer is trained on: the same work in every step (and a random
-                # model on the GPU, whose rewards are all 0, would leave DAPO nothing to keep)
-                dynamic_sampling=False,
-            )
+            output_dir = Path(tmp) / name.replace("+", "_")
+            if config_file:
+                cfg = config_from_file(
+                    config_file, options.extra.get("overhead_set") or [], output_dir, score
+                )
+                cfg = replace(cfg, logging=replace(cfg.logging, overlap_metrics=metrics_on))
+                shape = StepShape(cfg.rollout.questions_per_batch, cfg.rollout.group_size)
+            else:
+                cfg = train_config(
+                    model_path,
+                    output_dir,
+                    score=score,
+                    shape=shape,
+                    overlap_metrics=metrics_on,
+                    device=options.device,
+                    # every sampled answer is trained on: the same work in every step (and a
+                    # random model on the GPU, whose rewards are all 0, would leave DAPO nothing
+                    # to keep)
+                    dynamic_sampling=False,
+                )
             trainer = Trainer(cfg)
             trainers[name] = trainer
             initial[name] = (  # kept in host memory: four models share one GPU
@@ -136,21 +153,52 @@ def run(options: BenchOptions) -> dict[str, Any]:
                     value <= 1.05,
                 )
             )
+    settings: dict[str, Any] = {
+        "model": os.environ.get("GMTS_BENCH_MODEL")
+        or "embedded warm start (GPT-2, 2 layers, width 128)",
+        "device": options.device,
+        "task": "addition",
+        "algorithm": "dapo",
+        "questions": shape.questions,
+        "group_size": shape.group_size,
+        "ratio": 0.2,
+        "repeats": repeats,
+    }
+    if config_file:
+        cfg = next(iter(trainers.values())).cfg
+        settings.update(
+            config=str(config_file),
+            overrides=list(options.extra.get("overhead_set") or []),
+            model=cfg.model.path,
+            task=cfg.data.dataset,
+            algorithm=cfg.algorithm,
+            ratio=cfg.selection.ratio,
+            max_response_length=cfg.rollout.max_response_length,
+        )
     return {
-        "settings": {
-            "model": os.environ.get("GMTS_BENCH_MODEL")
-            or "embedded warm start (GPT-2, 2 layers, width 128)",
-            "device": options.device,
-            "task": "addition",
-            "algorithm": "dapo",
-            "questions": shape.questions,
-            "group_size": shape.group_size,
-            "ratio": 0.2,
-            "repeats": repeats,
-        },
+        "settings": settings,
         "rows": rows,
         "goals": goals,
     }
+
+
+def config_from_file(path: str | Path, overrides: list[str], output_dir: Path, score: str) -> Any:
+    """The trainer config in ``path`` with ``overrides`` (``section.field=value``), then what the
+    comparison fixes: ``selection.score``, one step, every sampled answer trained on (dynamic
+    sampling off), no held-out evaluation, no checkpoint, no progress bar, ``output_dir``."""
+    from gmts.train.config import load_config
+
+    cfg = load_config(path, list(overrides))
+    return replace(
+        cfg,
+        threads=None,  # the benchmark runner sets the thread count
+        data=replace(cfg.data, eval_questions=0, eval_before=False, eval_every=0),
+        rollout=replace(cfg.rollout, dynamic_sampling=False),
+        selection=replace(cfg.selection, score=score),
+        optim=replace(cfg.optim, steps=1),
+        checkpoint=replace(cfg.checkpoint, every=0, save_final=False),
+        logging=replace(cfg.logging, output_dir=str(output_dir), progress=False),
+    )
 
 
 def _paired(values: list[float], baseline: list[float]) -> float:

@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 1024x1,1024x2,4096x1,4096x2; on CUDA only N counts)",
     )
     parser.add_argument(
+        "--logprobs-shape",
+        default=None,
+        help="log-prob benchmark LM head VOCABxHIDDEN (default 151936x1536, Qwen2.5-1.5B's; "
+        "SmolLM2-135M's: 49152x576)",
+    )
+    parser.add_argument(
         "--learning-plan",
         default="subset",
         help="learning sweep: 'full' (Tables 1, 6, 7: ~2 h on 2 idle cores), 'subset' "
@@ -116,6 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--learning-jobs", type=int, default=1, help="learning runs in parallel (processes)"
+    )
+    parser.add_argument(
+        "--overhead-config",
+        type=Path,
+        default=None,
+        help="overhead: a trainer config file for every variant instead of the demo recipe "
+        "(e.g. configs/smollm2-135m-instruct/base.yaml)",
+    )
+    parser.add_argument(
+        "--overhead-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overhead: settings added to --overhead-config's (section.field=value)",
+    )
+    parser.add_argument(
+        "--overhead-repeats", type=int, default=20, help="timed rounds of the overhead benchmark"
     )
     parser.add_argument(
         "--rollout-repeats", type=int, default=10, help="timed rollouts per engine (rollout)"
@@ -146,22 +169,40 @@ def main(argv: list[str] | None = None) -> int:
             extra={
                 "logprobs_repeats": args.logprobs_repeats,
                 "logprobs_grid": args.logprobs_grid,
+                "logprobs_shape": args.logprobs_shape,
                 "learning_plan": args.learning_plan,
                 "learning_steps": args.learning_steps,
                 "learning_jobs": args.learning_jobs,
                 "learning_eval_every": args.learning_eval_every,
                 "learning_eval_questions": args.learning_eval_questions,
                 "rollout_repeats": args.rollout_repeats,
+                "overhead_config": args.overhead_config,
+                "overhead_set": args.overhead_set,
+                "overhead_repeats": args.overhead_repeats,
             },
         )
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
-    if "logprobs" in names and args.logprobs_grid is not None:
-        from bench_logprobs import parse_grid
+    if args.overhead_set and args.overhead_config is None:
+        print("--overhead-set needs --overhead-config", file=sys.stderr)
+        return 2
+    if args.overhead_config is not None:
+        from gmts.train.config import load_config
 
-        try:  # a bad grid fails before any benchmark runs
-            parse_grid(args.logprobs_grid)
+        try:  # a missing file or a bad setting fails before any benchmark runs
+            load_config(args.overhead_config, list(args.overhead_set))
+        except (OSError, ValueError) as error:
+            print(f"--overhead-config {args.overhead_config}: {error}", file=sys.stderr)
+            return 2
+    if "logprobs" in names and (args.logprobs_grid or args.logprobs_shape) is not None:
+        from bench_logprobs import parse_grid, parse_shape
+
+        try:  # a bad grid or shape fails before any benchmark runs
+            if args.logprobs_grid is not None:
+                parse_grid(args.logprobs_grid)
+            if args.logprobs_shape is not None:
+                parse_shape(args.logprobs_shape)
         except ValueError as error:
             print(error, file=sys.stderr)
             return 2

@@ -80,6 +80,52 @@ def test_quick_run_of_every_benchmark(
     assert report.render(record).strip()  # the page's renderer reads what it wrote
 
 
+def test_quick_overhead_from_a_config_file(tiny_bench_model: Path, tmp_path: Path) -> None:
+    # --overhead-config: every variant is that trainer config (here the tiny model on the
+    # embedded task, 2 x 2 answers), only the selection differs; its shape is the config's
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"model:\n  path: {tiny_bench_model}\nrollout:\n  questions_per_batch: 2\n  group_size: 3\n"
+    )
+    out = tmp_path / "out"
+    argv = ["--only", "overhead", "--quick", "--out", str(out), "--overhead-config", str(config)]
+    assert bench_run.main([*argv, "--overhead-set", "optim.lr=1e-4"]) == 0
+    record = json.loads((out / "overhead.json").read_text())
+    assert record["status"] == "ok", record.get("error")
+    settings = record["settings"]
+    assert settings["config"] == str(config) and settings["overrides"] == ["optim.lr=1e-4"]
+    assert settings["model"] == str(tiny_bench_model)
+    assert (settings["questions"], settings["group_size"]) == (2, 3)
+    rows = {row["variant"]: row for row in record["rows"]}
+    assert rows["none"]["selected_fraction"] == 1.0
+    assert rows["gmts"]["selected_fraction"] < 1.0
+
+
+def test_overhead_config_is_checked_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    missing = tmp_path / "missing.yaml"
+    assert bench_run.main(["--only", "overhead", "--out", str(out), "--overhead-set", "a=1"]) == 2
+    assert "--overhead-set needs --overhead-config" in capsys.readouterr().err
+    assert bench_run.main(["--only", "overhead", "--overhead-config", str(missing)]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_logprobs_shape_is_parsed_and_checked_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert bench_logprobs.parse_shape("49152x576") == (49152, 576)
+    for bad in ("49152", "49152x", "x576", "1x576", "49152x0", "a x b"):
+        with pytest.raises(ValueError, match="VOCABxHIDDEN"):
+            bench_logprobs.parse_shape(bad)
+    out = tmp_path / "out"
+    assert bench_run.main(["--only", "logprobs", "--out", str(out), "--logprobs-shape", "9"]) == 2
+    assert "--logprobs-shape" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_results_page_is_rendered_from_the_committed_results(tmp_path: Path) -> None:
     # docs/results.md's generated blocks are what report.py makes of benchmarks/results/*.json
     page = tmp_path / "results.md"
