@@ -106,12 +106,12 @@ def test_eval_dataset_errors_name_the_key(tiny_dir: Path, tmp_path: Path) -> Non
 def test_characters_the_tokenizer_cannot_encode_fail_before_the_model_loads(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gmts.train.trainer as trainer_module
+    import gmts.train.policy as policy_module
 
     def no_weights(**_):
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(trainer_module, "load_policy", no_weights)
+    monkeypatch.setattr(policy_module, "load_policy", no_weights)
     words = _jsonl(tmp_path / "words.jsonl", [{"q": "What is 2+2?", "a": "4"}])
     with pytest.raises(ValueError) as caught:
         Trainer(_dataset_run(tiny_dir, tmp_path / "r1", words), reward_fn=_tiny.partial_credit)

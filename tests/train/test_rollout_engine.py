@@ -70,13 +70,14 @@ def test_bad_engine_settings_name_the_key(override, message):
 
 def _trainer_must_not_load(monkeypatch, cfg):
     """Build a Trainer whose every model load or warm start fails the test."""
+    import gmts.train.policy as policy_module
     import gmts.train.trainer as trainer_module
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded before the error")
 
-    monkeypatch.setattr(trainer_module, "load_policy", no_load)  # the weights (train.policy)
-    monkeypatch.setattr(trainer_module, "resolve_model_path", no_load)
+    monkeypatch.setattr(policy_module, "load_policy", no_load)  # the weights
+    monkeypatch.setattr(policy_module, "resolve_model_path", no_load)  # model.path
     return trainer_module.Trainer(cfg)
 
 

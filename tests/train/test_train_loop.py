@@ -340,16 +340,12 @@ def test_bfloat16_with_gradient_checkpointing_runs(tiny_dir, tmp_path):
     assert row["update/skipped_nonfinite"] == 0
 
 
-def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
-    """gmts demo's driver on a tiny budget (the warm start replaced by the tiny model), two RL
-    seeds: one shared step-0 evaluation per seed, the intermediate ones, a curve per run, the
-    paired table, the plot, and the CLI's JSON (with one seed: the one-seed table)."""
-    import argparse
+def _fake_warm_start(tiny_dir: Path, tmp_path: Path, monkeypatch) -> list[int]:
+    """gmts demo's warm start replaced by a copy of the tiny model (with a warmstart.json);
+    gives the list the seeds asked for are appended to."""
     import shutil
 
     import gmts.embedded.warmstart as warmstart
-    from gmts.cli import demo
-    from gmts.cli.demo import DemoSettings, format_table, run_demo
 
     warm = Path(shutil.copytree(tiny_dir, tmp_path / "warm"))
     (warm / warmstart.INFO_FILE).write_text(
@@ -362,15 +358,28 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
             }
         )
     )
-    seeds_warmed = []
+    seeds_warmed: list[int] = []
     monkeypatch.setattr(
         warmstart, "warm_start", lambda *a, **k: seeds_warmed.append(k["seed"]) or warm
     )
+    return seeds_warmed
+
+
+def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
+    """gmts demo's driver on a tiny budget (the warm start replaced by the tiny model), two RL
+    seeds: one shared step-0 evaluation per seed, the intermediate ones, a curve per run, the
+    paired table, the plot, and the CLI's JSON (with one seed: the one-seed table)."""
+    import argparse
+
+    from gmts.cli import demo
+    from gmts.cli.demo import DemoSettings, format_table, run_demo
+
+    seeds_warmed = _fake_warm_start(tiny_dir, tmp_path, monkeypatch)
     tiny = TINY_DEMO
     # one process: the monkeypatched warm start is this process's (test_demo_jobs: several)
     settings = DemoSettings(overrides=tiny, output_dir=str(tmp_path / "demo"), seeds=2, jobs=1)
     result = run_demo(settings, progress=False)
-    # 2 starts + 6 runs each build a Trainer, which prints its memory plan: the demo shows one
+    # the 6 runs each build a Trainer, which prints its memory plan: the demo shows one
     assert capsys.readouterr().err.count("memory plan") == 1
     labels = ["all tokens", "ETS top 20%", "GMTS top 20%"]
     assert result.seeds == [0, 1] and result.methods == labels
@@ -434,6 +443,57 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
         DemoSettings(seeds=0)
     with pytest.raises(ValueError, match="jobs"):
         DemoSettings(jobs=0)
+
+
+def _check_start_is_its_trainers_evaluation(overrides, tmp_path, seed: int, monkeypatch) -> None:
+    """``start_seed``'s evaluation of ``seed``'s start (with the recipe's ``overrides``), made
+    with every Trainer failing the test, equals ``Trainer(cfg).evaluate()`` of the last method's
+    run from that start, and lies strictly between 0 and 1 (a comparison of two zeros shows
+    nothing)."""
+    import gmts.train.trainer as trainer_module
+    from gmts.cli.demo import DemoSettings, demo_recipe
+    from gmts.cli.demo_pool import method_config, start_seed
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("the demo built a Trainer to evaluate a start")
+
+    settings = DemoSettings(overrides=overrides, output_dir=str(tmp_path / "demo"), jobs=1)
+    base = demo_recipe(settings.overrides)
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer_module, "Trainer", no_trainer)
+        start = start_seed(base, settings, seed, progress=False)
+    method = settings.methods[-1]
+    cfg = method_config(base, method, start.model_path, settings.output_dir, False, seed)
+    assert start.before == Trainer(cfg, overwrite=True).evaluate()
+    d = base.data
+    assert 0 < start.before[f"average@{d.eval_samples}"] < 1
+    assert start.before["questions"] == d.eval_questions
+
+
+@pytest.mark.parametrize("model", ["embedded", "folder"])
+def test_demo_evaluates_a_start_as_its_runs_trainer_would(tiny_dir, tmp_path, monkeypatch, model):
+    """A seed's step 0 (evaluated once for all its methods, without a Trainer) is exactly what
+    each run's own ``Trainer.evaluate()`` gives before step 1: the embedded recipe (its warm
+    start replaced by the tiny model) and a model.path folder, seed 3 (not the recipe's). The
+    task's reward is made graded (partial credit), so that the tiny random model scores above 0
+    and a different sampling seed, temperature or model would show."""
+    from gmts.embedded.tasks import Task
+
+    monkeypatch.setattr(Task, "reward", lambda self, c, a: _tiny.partial_credit(c, a))
+    overrides = (*TINY_DEMO, "data.eval_questions=8", "data.eval_samples=3")
+    if model == "embedded":
+        _fake_warm_start(tiny_dir, tmp_path, monkeypatch)
+    else:
+        overrides += (f"model.path={tiny_dir}",)
+    _check_start_is_its_trainers_evaluation(overrides, tmp_path, 3, monkeypatch)
+
+
+@pytest.mark.slow
+def test_demo_evaluates_the_real_warm_start_as_its_runs_trainer_would(tmp_path, monkeypatch):
+    """The same with the real embedded warm start of seed 0 (cached in $GMTS_CACHE; 1-2 min to
+    build on first use) and the task's own exact-match reward."""
+    overrides = (*TINY_DEMO, "data.eval_questions=16", "data.eval_samples=4")
+    _check_start_is_its_trainers_evaluation(overrides, tmp_path, 0, monkeypatch)
 
 
 @pytest.mark.slow

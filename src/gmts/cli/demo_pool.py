@@ -1,9 +1,12 @@
 """How a demo runs: each seed's start (its cached warm start and one evaluation of it), then
 every method trained from it, in this process or spread over a pool of spawned processes.
 
-It says what it is doing as it goes (a line as each seed's warm start begins, with how long one
-takes, and a line as the seed's runs begin), and prints the runs' memory plan once: every
-``Trainer`` prints its plan when it is built, so the demo holds those back and shows the first.
+A seed's start is evaluated without a ``Trainer`` (:func:`gmts.train.evaluation.evaluate_start`:
+the run's starting policy, loaded as its trainer loads it, through the trainer's own
+evaluation), once for all of its methods. It says what it is doing as it goes (a line as each
+seed's warm start begins, with how long one takes, and a line as the seed's runs begin), and
+prints the runs' memory plan once: every run's ``Trainer`` prints its plan when it is built, so
+the demo holds those back and shows the first run's.
 """
 
 from __future__ import annotations
@@ -71,7 +74,6 @@ class SeedStart:
     warm_start: dict[str, Any] | None
     warm_start_s: float
     before: dict[str, float]
-    memory_plan: str | None = None
 
 
 def _trainer_holding_back_its_plan(cfg: TrainConfig) -> tuple[Any, str | None]:
@@ -104,11 +106,13 @@ def _pin_threads(base: TrainConfig) -> None:
 def start_seed(
     base: TrainConfig, settings: DemoSettings, seed: int, progress: bool, announce: bool = False
 ) -> SeedStart:
-    """``seed``'s warm start (cached) and its evaluation (one job of :func:`run_demo`);
-    ``announce``: say what it begins with."""
+    """``seed``'s warm start (cached) and its evaluation, which equals what each of its runs'
+    ``Trainer.evaluate()`` gives before step 1 (one job of :func:`run_demo`); ``announce``: say
+    what it begins with."""
     import json
 
     from gmts.embedded import warmstart
+    from gmts.train.evaluation import evaluate_start
 
     _pin_threads(base)
     model_path, info, spent = base.model.path, None, 0.0
@@ -131,22 +135,29 @@ def start_seed(
     elif announce:
         _say(f"seed {seed}: {evaluation} ({model_path})")
     cfg = method_config(base, settings.methods[0], model_path, settings.output_dir, progress, seed)
-    trainer, plan = _trainer_holding_back_its_plan(cfg)
-    before = trainer.evaluate() or {}
-    return SeedStart(seed, model_path, info, spent, before, plan)
+    before = evaluate_start(cfg, progress=progress) or {}
+    return SeedStart(seed, model_path, info, spent, before)
 
 
 def train_method(
-    base: TrainConfig, settings: DemoSettings, start: SeedStart, method: str, progress: bool
+    base: TrainConfig,
+    settings: DemoSettings,
+    start: SeedStart,
+    method: str,
+    progress: bool,
+    show_plan: bool = False,
 ) -> DemoRow:
-    """One method trained from ``start`` (one job of :func:`run_demo`)."""
+    """One method trained from ``start`` (one job of :func:`run_demo`); ``show_plan``: say its
+    memory plan (the demo's first run: every run's is the same), which is otherwise held back."""
     import torch
 
     from gmts.train.metrics_log import EVAL_FILE, read_metrics
 
     _pin_threads(base)
     cfg = method_config(base, method, start.model_path, settings.output_dir, progress, start.seed)
-    trainer, _ = _trainer_holding_back_its_plan(cfg)  # the demo printed the plan once
+    trainer, plan = _trainer_holding_back_its_plan(cfg)
+    if show_plan and plan is not None:
+        _say(f"{plan}  (every run's)")
     trainer.logger.log(0, start.before, EVAL_FILE)  # step 0 of the curve
     t0 = time.perf_counter()
     run = trainer.run()
@@ -177,7 +188,8 @@ def default_jobs(base: TrainConfig, runs: int) -> int:
 @dataclass
 class _Progress:
     """One demo's bookkeeping while it runs: the seeds' starts and the finished runs, and the
-    lines it says (``progress``: the progress lines; the memory plan is said regardless)."""
+    lines it says (``progress``: the progress lines; the first run says the memory plan
+    regardless)."""
 
     base: TrainConfig
     settings: DemoSettings
@@ -187,6 +199,7 @@ class _Progress:
     t0: float = dataclasses.field(default_factory=time.perf_counter)
     starts: dict[int, SeedStart] = dataclasses.field(default_factory=dict)
     rows: dict[tuple[int, str], DemoRow] = dataclasses.field(default_factory=dict)
+    plan_asked: bool = False
 
     @property
     def runs(self) -> str:
@@ -201,14 +214,17 @@ class _Progress:
                 + (" (each imports torch first)" if self.jobs > 1 else "")
             )
 
+    def show_plan(self) -> bool:
+        """Whether the run about to begin is the first (it says the memory plan)."""
+        first, self.plan_asked = not self.plan_asked, True
+        return first
+
     def started(self, start: SeedStart, counter: str = "") -> None:
-        """Record ``start``; say the memory plan (at the first) and that its runs begin."""
+        """Record ``start``; say that its runs begin."""
         self.starts[start.seed] = start
         if start.warm_start is not None:
             self.result.warm_starts[start.seed] = start.warm_start
         self.result.warm_start_s += start.warm_start_s
-        if start.memory_plan is not None and len(self.starts) == 1:
-            _say(f"{start.memory_plan}  (every run's)")
         if self.progress:
             k = self.base.data.eval_samples
             score = start.before.get(f"average@{k}")
@@ -232,7 +248,9 @@ def _run_here(p: _Progress) -> None:
     for seed in p.result.seeds:
         p.started(start_seed(base, settings, seed, progress, announce=progress))
         for method in settings.methods:
-            p.rows[seed, method] = train_method(base, settings, p.starts[seed], method, progress)
+            start = p.starts[seed]
+            row = train_method(base, settings, start, method, progress, p.show_plan())
+            p.rows[seed, method] = row
 
 
 def _run_in_pool(p: _Progress) -> None:
@@ -260,7 +278,10 @@ def _run_in_pool(p: _Progress) -> None:
                 if method is None:
                     p.started(future.result(), counter)
                     for m in settings.methods:
-                        job = pool.submit(train_method, base, settings, p.starts[seed], m, False)
+                        start = p.starts[seed]
+                        job = pool.submit(
+                            train_method, base, settings, start, m, False, p.show_plan()
+                        )
                         pending[job] = (seed, m)
                 else:
                     p.finished(future.result(), method, counter)

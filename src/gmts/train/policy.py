@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gmts.models.loading import load_model
+from gmts.models.loading import ModelPathError, load_model, resolve_model_path
 from gmts.models.lora import (
     AdaptersOff,
     LoraConfig,
@@ -30,7 +30,12 @@ from gmts.models.lora import (
     is_adapter_folder,
     load_adapter_weights,
 )
-from gmts.scale.strategy import Strategy
+from gmts.scale.distributed import DistInfo, barrier
+from gmts.scale.precision import Precision
+from gmts.scale.strategy import Strategy, make_strategy
+
+if TYPE_CHECKING:
+    from gmts.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,28 @@ class Policy:
 
     model: torch.nn.Module
     reference: Any
+
+
+def resolve_base_path(cfg: TrainConfig, info: DistInfo, *, progress: bool) -> str:
+    """``model.path`` resolved (:func:`gmts.models.loading.resolve_model_path`; the embedded
+    warm start of ``data.task`` and ``seed`` is built on first use, with ``progress``): rank 0
+    first (it builds and caches the warm start), then the other ranks, which find it.
+
+    Raises:
+        ValueError: ``model.path`` designates no model (the message names the setting).
+    """
+
+    def resolve(progress: bool) -> str:
+        try:
+            return resolve_model_path(
+                cfg.model.path, task=cfg.data.task, seed=cfg.seed, progress=progress
+            )
+        except ModelPathError as exc:
+            raise ValueError(f"model.path: {exc}") from None
+
+    path = resolve(progress) if info.is_main else ""
+    barrier(info)
+    return path if info.is_main else resolve(False)
 
 
 def load_policy(
@@ -103,3 +130,38 @@ def load_policy(
         load_adapter_weights(policy, saved)
     model = strategy.prepare_policy(policy)
     return Policy(model, AdaptersOff(model) if reference else None)
+
+
+def build_policy(
+    cfg: TrainConfig,
+    base_path: str,
+    *,
+    info: DistInfo,
+    device: torch.device,
+    resume_from: Path | None = None,
+    reference: bool = True,
+) -> tuple[Strategy, Policy]:
+    """``cfg``'s strategy (``distributed.strategy`` in the precision of ``model.dtype``) and
+    its policy, loaded and laid out by it (:func:`load_policy`): what ``Trainer`` trains, and
+    what :func:`gmts.train.evaluation.evaluate_start` evaluates.
+
+    Args:
+        base_path: the starting model (``model.path`` resolved).
+        info, device: this process's place in the group and its device.
+        resume_from: a checkpoint folder to continue from, or None.
+        reference: load the KL reference where ``cfg`` asks for one (``objective.kl_coef >
+            0``); False: never (an evaluation needs none).
+    """
+    precision = Precision.from_name(cfg.model.dtype)
+    strategy = make_strategy(cfg.distributed.strategy, info, precision, device)
+    policy = load_policy(
+        base_path=base_path,
+        resume_from=resume_from,
+        lora=cfg.model.lora,
+        strategy=strategy,
+        reference=reference and cfg.objective.kl_coef > 0,
+        seed=cfg.seed,
+        trust_remote_code=cfg.model.trust_remote_code,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    )
+    return strategy, policy

@@ -41,11 +41,9 @@ from gmts.core.loss import LossConfig
 from gmts.models.context import check_fits, context_limit, longest_prompt
 from gmts.models.loading import (
     EMBEDDED,
-    ModelPathError,
     load_model_config,
     load_tokenizer,
     pick_device,
-    resolve_model_path,
     step_dir_name,
 )
 from gmts.models.lora import check_targets
@@ -57,8 +55,6 @@ from gmts.scale.memory_plan import (
     check_fits_device,
     plan_memory,
 )
-from gmts.scale.precision import Precision
-from gmts.scale.strategy import make_strategy
 from gmts.train import checkpoint as ckpt
 from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
@@ -71,8 +67,9 @@ from gmts.train.engines import (
     logprob_gap_metrics,
     make_engine,
 )
+from gmts.train.evaluation import evaluate_held_out
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
-from gmts.train.policy import load_policy
+from gmts.train.policy import build_policy, resolve_base_path
 from gmts.train.preemption import (
     PreemptionGuard,
     TrainingPreempted,
@@ -290,11 +287,7 @@ class Trainer:
         (and caches) the warm start, then the other ranks resolve the same path."""
         if self.cfg.model.path == EMBEDDED:
             self._check_embedded_can_read(examples, eval_examples)
-        if self.info.is_main:
-            base_path = self._model_path(progress=self.cfg.logging.progress)
-        barrier(self.info)
-        if not self.info.is_main:
-            base_path = self._model_path(progress=False)
+        base_path = resolve_base_path(self.cfg, self.info, progress=self.cfg.logging.progress)
         load_path = str(self.resume_from / "model") if self.resume_from else base_path
         return base_path, load_path
 
@@ -335,24 +328,12 @@ class Trainer:
         return model_config
 
     def _build_policy(self, base_path: str) -> None:
-        """Gives ``precision``, ``strategy`` and the weights: ``model`` (what trains, in
-        float32 whatever ``model.dtype`` says: the whole model, or LoRA adapters on a base
-        frozen in the compute dtype; policy.py, precision.py) and ``ref_model`` (KL only).
-        Resuming, the checkpoint's weights load in place of ``base_path``'s."""
-        cfg = self.cfg
-        self.precision = Precision.from_name(cfg.model.dtype)
-        self.strategy = make_strategy(
-            cfg.distributed.strategy, self.info, self.precision, self.device
-        )
-        policy = load_policy(
-            base_path=base_path,
-            resume_from=self.resume_from,
-            lora=cfg.model.lora,
-            strategy=self.strategy,
-            reference=cfg.objective.kl_coef > 0,
-            seed=cfg.seed,
-            trust_remote_code=cfg.model.trust_remote_code,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
+        """Gives ``strategy`` and the weights: ``model`` (what trains, in float32 whatever
+        ``model.dtype`` says: the whole model, or LoRA adapters on a base frozen in the compute
+        dtype; policy.py, precision.py) and ``ref_model`` (KL only). Resuming, the
+        checkpoint's weights load in place of ``base_path``'s."""
+        self.strategy, policy = build_policy(
+            self.cfg, base_path, info=self.info, device=self.device, resume_from=self.resume_from
         )
         self.model, self.ref_model = policy.model, policy.reference
 
@@ -476,16 +457,6 @@ class Trainer:
                     seed=0,
                     what=what,
                 )
-
-    def _model_path(self, progress: bool) -> str:
-        """``model.path`` resolved (the embedded warm start is built on first use)."""
-        cfg = self.cfg
-        try:
-            return resolve_model_path(
-                cfg.model.path, task=cfg.data.task, seed=cfg.seed, progress=progress
-            )
-        except ModelPathError as exc:
-            raise ValueError(f"model.path: {exc}") from None
 
     def _check_context(self, model_config: Any, path: str) -> int:
         """The longest prompt in tokens, after checking that it plus the generation budget fits
@@ -698,29 +669,11 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float] | None:
         """average@k / pass@k on the held-out questions (rank 0): the task's, or those of
-        ``data.eval_dataset``; None without any."""
-        d = self.cfg.data
+        ``data.eval_dataset``; None without any (:func:`gmts.train.evaluation.evaluate_held_out`)."""
         target = self.task if self.task is not None else self.held_out
-        if target is None or d.eval_questions == 0:
-            return None
-        questions = d.eval_questions if self.held_out is None else len(self.held_out.problems)
-        result = None
-        with self.strategy.sampling(self.model):  # every rank enters; rank 0 samples
-            if self.info.is_main:
-                from gmts.embedded.evaluation import held_out_metrics
-
-                result = held_out_metrics(
-                    self.model,
-                    self.tokenizer,
-                    target,
-                    n_questions=questions,
-                    k=d.eval_samples,
-                    seed=self.cfg.seed,
-                    batch_size=self.cfg.rollout.generation_batch_size,
-                    temperature=d.eval_temperature,
-                )
-        barrier(self.info)  # the other ranks wait for rank 0's evaluation
-        return result
+        return evaluate_held_out(
+            self.cfg, self.model, self.tokenizer, target, strategy=self.strategy, info=self.info
+        )
 
     def save(self) -> None:
         # collective under fsdp (whole state dicts gathered on rank 0)
