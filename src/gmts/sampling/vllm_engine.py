@@ -139,7 +139,7 @@ class VLLMConfig:
             "help": "KV cache per engine in GiB (vLLM's kv_cache_memory_bytes; overrides "
             "gpu_memory_utilization). null: on GPU what gpu_memory_utilization leaves; on CPU "
             "(where vLLM would reserve that fraction of the machine's RAM) the KV cache of "
-            "one generation batch, as the memory plan computes it."
+            "one generation batch in the CPU engine's 128-token blocks (gmts.sampling.kv_sizing)."
         },
     )
     max_num_seqs: int | None = field(
