@@ -31,12 +31,7 @@ from gmts.models.loading import (
     torch_dtype,
 )
 from gmts.sampling.kv_sizing import KVShape, vllm_kv_cache_bytes
-from gmts.sampling.vllm_engine import (  # noqa: F401 (VLLM_INSTALL_HINT, vllm_available re-exported)
-    VLLM_INSTALL_HINT,
-    VLLMConfig,
-    check_engine_can_start,
-    vllm_available,
-)
+from gmts.sampling.vllm_engine import VLLMConfig, check_engine_can_start
 
 
 @dataclass(frozen=True)
