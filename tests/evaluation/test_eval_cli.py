@@ -123,15 +123,15 @@ def test_unknown_benchmark_fails_before_loading(tiny_chat_model_dir, capsys, mon
 
 
 def test_vllm_missing_is_clear(tiny_chat_model_dir, capsys, monkeypatch, tmp_path):
-    import gmts.eval.backends as backends
+    import gmts.sampling.vllm_engine as vllm_engine
 
-    monkeypatch.setattr(backends, "vllm_available", lambda: False)
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
     rc, _, err = _run(
         ["--model", str(tiny_chat_model_dir), "--benchmarks", "builtin:addition",
          "--backend", "vllm", "--out", str(tmp_path / "r.json")],
         capsys,
     )  # fmt: skip
-    assert rc == 2 and "needs the vllm package" in err
+    assert rc == 2 and "--backend vllm needs the vllm package" in err and "--backend hf" in err
 
 
 def test_bad_numbers_rejected(tiny_chat_model_dir, capsys):

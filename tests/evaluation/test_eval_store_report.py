@@ -168,7 +168,7 @@ def test_vllm_backend_missing_package(monkeypatch, tmp_path):
     from gmts.eval.backends import VLLMBackend
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
-    with pytest.raises(ImportError, match="needs the vllm package.*setup.sh vllm"):
+    with pytest.raises(ValueError, match="vllm backend needs the vllm package.*setup.sh vllm"):
         VLLMBackend(BackendOptions(tmp_path))
 
 

@@ -239,14 +239,17 @@ def run(args: argparse.Namespace) -> int:
 
     name = args.name or _default_name(args.model)
     out = Path(args.out) if args.out else Path(f"eval-{name}.json")
-    if args.backend == "vllm":
-        from gmts.eval import backends
+    if args.backend == "vllm":  # the checks the backend makes too, before any file is written
+        import torch
 
-        if not backends.vllm_available():
-            return _error(
-                f"--backend vllm needs the vllm package ({backends.VLLM_INSTALL_HINT}); or use "
-                "--backend hf"
+        from gmts.sampling.vllm_engine import VLLMConfig, check_engine_can_start
+
+        try:
+            check_engine_can_start(
+                VLLMConfig(), on_gpu=torch.cuda.is_available(), who="--backend vllm"
             )
+        except ValueError as err:
+            return _error(f"{err}; or use --backend hf")
 
     try:
         store = ResultsStore(

@@ -30,7 +30,8 @@ from gmts.models.loading import (
     resolve_model_path,
     torch_dtype,
 )
-from gmts.sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available  # noqa: F401 (re-exported)
+from gmts.sampling.kv_sizing import KVShape, vllm_kv_cache_bytes
+from gmts.sampling.vllm_engine import VLLMConfig, check_engine_can_start
 
 
 @dataclass(frozen=True)
@@ -294,19 +295,8 @@ class VLLMBackend:
 
         import torch
 
-        from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine, kv_cache_bytes
+        from gmts.sampling.vllm_engine import VLLMEngine
 
-        try:
-            import vllm  # noqa: F401
-        except ImportError as err:
-            raise ImportError(
-                f"the vllm backend needs the vllm package ({VLLM_INSTALL_HINT}); "
-                "use --backend hf to evaluate with transformers instead"
-            ) from err
-        check_whole_model(options.model_path, "the vllm backend")
-        self.model_path = resolve_model_path(options.model_path)
-        self.tokenizer = load_tokenizer(self.model_path, pad_token=False)
-        self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
         fields = {f.name for f in dataclasses.fields(VLLMConfig)}
         extra = dict(options.engine_kwargs)
         config = VLLMConfig(
@@ -314,27 +304,19 @@ class VLLMBackend:
             **{k: extra.pop(k) for k in list(extra) if k in fields},
             engine_kwargs=extra,
         )
+        on_gpu = torch.cuda.is_available()
+        check_engine_can_start(config, on_gpu=on_gpu, who="the vllm backend")
+        check_whole_model(options.model_path, "the vllm backend")
+        self.model_path = resolve_model_path(options.model_path)
+        self.tokenizer = load_tokenizer(self.model_path, pad_token=False)
+        self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
         from transformers import AutoConfig
 
         from gmts.models.context import context_limit
 
         model_config = AutoConfig.from_pretrained(self.model_path)
         self.context = context_limit(model_config, self.tokenizer, str(self.model_path))
-        on_gpu = torch.cuda.is_available()
-        kv = None if config.kv_cache_gib is None else int(config.kv_cache_gib * 2**30)
-        if kv is None and not on_gpu:
-            heads = model_config.num_attention_heads
-            tokens = config.max_model_len or getattr(model_config, "max_position_embeddings", 0)
-            shape = dict(
-                layers=model_config.num_hidden_layers,
-                kv_heads=getattr(model_config, "num_key_value_heads", None) or heads,
-                head_dim=getattr(model_config, "head_dim", None)
-                or model_config.hidden_size // heads,
-                element_bytes=2 if options.dtype in ("bfloat16", "float16") else 4,
-                tokens=tokens or 4096,
-            )
-            one = kv_cache_bytes(rows=1, **shape)
-            kv = max(min(kv_cache_bytes(rows=self.CPU_ROWS, **shape), self.CPU_KV_CAP_BYTES), one)
+        kv = self.kv_cache_bytes(config, model_config, dtype=options.dtype, on_gpu=on_gpu)
         self.engine = VLLMEngine(
             self.model_path,
             config,
@@ -342,6 +324,26 @@ class VLLMBackend:
             seed=options.seed,
             on_gpu=on_gpu,
             kv_cache_bytes=kv,
+        )
+
+    @classmethod
+    def kv_cache_bytes(
+        cls, config: VLLMConfig, model_config: Any, *, dtype: str, on_gpu: bool
+    ) -> int | None:
+        """The engine's KV cache (:func:`gmts.sampling.kv_sizing.vllm_kv_cache_bytes`):
+        ``kv_cache_gib`` when set; on a GPU otherwise None (vLLM's ``gpu_memory_utilization``);
+        on a CPU :data:`CPU_ROWS` sequences of the engine's whole context (the model's, else
+        4096 tokens), at most :data:`CPU_KV_CAP_BYTES`, at least one sequence. The prompts are
+        not known when the engine is built, hence the whole context."""
+        return vllm_kv_cache_bytes(
+            config,
+            KVShape.from_config(model_config),
+            dtype=dtype,
+            on_gpu=on_gpu,
+            rows=cls.CPU_ROWS,
+            tokens=None,
+            context=getattr(model_config, "max_position_embeddings", None) or 4096,
+            cap_bytes=cls.CPU_KV_CAP_BYTES,
         )
 
     def generate(

@@ -61,7 +61,8 @@ __all__ = [
     "VLLM_INSTALL_HINT",
     "VLLMConfig",
     "VLLMEngine",
-    "kv_cache_bytes",
+    "check_engine_can_start",
+    "check_in_process",
     "request_seeds",
     "vllm_available",
 ]
@@ -138,7 +139,7 @@ class VLLMConfig:
             "help": "KV cache per engine in GiB (vLLM's kv_cache_memory_bytes; overrides "
             "gpu_memory_utilization). null: on GPU what gpu_memory_utilization leaves; on CPU "
             "(where vLLM would reserve that fraction of the machine's RAM) the KV cache of "
-            "one generation batch, as the memory plan computes it."
+            "one generation batch in the CPU engine's 128-token blocks (gmts.sampling.kv_sizing)."
         },
     )
     max_num_seqs: int | None = field(
@@ -261,17 +262,39 @@ class VLLMConfig:
         return (not on_gpu) if self.enforce_eager == "auto" else bool(self.enforce_eager)
 
 
-KV_BLOCK_TOKENS = 16
-"""vLLM's default KV cache block (tokens): a row's cache is a whole number of blocks."""
+def check_engine_can_start(config: VLLMConfig, *, on_gpu: bool, who: str, fields: str = "") -> None:
+    """What can be checked before vllm is imported or a model loaded: vllm is installed, sleep
+    mode has a GPU (:meth:`VLLMConfig.sleeps`), the engine may run in this process
+    (:func:`check_in_process`). The trainer and the eval backend both call it.
+
+    Args:
+        who: the caller, as the messages name it (e.g. ``rollout.engine=vllm``).
+        fields: how the messages name the config's fields (e.g. ``rollout.vllm.``).
+
+    Raises:
+        ValueError: one line naming the problem and the fix.
+    """
+    if not vllm_available():
+        raise ValueError(
+            f"{who} needs the vllm package, which is not installed: {VLLM_INSTALL_HINT}"
+        )
+    try:
+        config.sleeps(on_gpu)
+    except ValueError as exc:
+        raise ValueError(f"{fields}{exc}") from None
+    check_in_process(who)
 
 
-def kv_cache_bytes(
-    *, layers: int, kv_heads: int, head_dim: int, element_bytes: int, rows: int, tokens: int
-) -> int:
-    """The KV cache of ``rows`` sequences of ``tokens`` tokens, each rounded up to whole
-    blocks: keys and values of every layer, ``element_bytes`` per value."""
-    blocks = -(-tokens // KV_BLOCK_TOKENS)
-    return rows * blocks * KV_BLOCK_TOKENS * 2 * layers * kv_heads * head_dim * element_bytes
+def check_in_process(who: str) -> None:
+    """ValueError when ``VLLM_ENABLE_V1_MULTIPROCESSING`` asks for a separate engine process:
+    the engine must run in this process, where its weights are updated in place."""
+    mode = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if mode not in (None, "0"):
+        raise ValueError(
+            f"{who}: VLLM_ENABLE_V1_MULTIPROCESSING={mode} asks for a separate engine process, "
+            "but the engine runs in this process (its weights are updated in place); unset it "
+            "or set it to 0"
+        )
 
 
 def request_seeds(seed: int, rows: int) -> list[int]:
@@ -345,12 +368,7 @@ class VLLMEngine:
             raise ImportError(
                 f"the vLLM engine needs the vllm package: {VLLM_INSTALL_HINT}"
             ) from err
-        mode = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-        if mode not in (None, "0"):
-            raise ValueError(
-                f"VLLM_ENABLE_V1_MULTIPROCESSING={mode}: the engine must run in this process "
-                "(its weights are updated in place); unset it or set it to 0"
-            )
+        check_in_process("the vLLM engine")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self._vllm = vllm
         self.config = config

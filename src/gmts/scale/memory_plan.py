@@ -216,15 +216,14 @@ def _dtype_bytes(name: str) -> int:
 def engine_kv_cache_bytes(shape: ModelShape, settings: PlanSettings) -> float:
     """The vLLM engine's KV cache for one generation batch: ``generation_rows`` rows of
     ``prompt_length + response_length`` tokens, each rounded up to vLLM's 16-token blocks,
-    keys and values of every layer in the engine's dtype."""
-    from gmts.sampling.vllm_engine import kv_cache_bytes
+    keys and values of every layer in the engine's dtype
+    (:func:`gmts.sampling.kv_sizing.kv_cache_bytes`)."""
+    from gmts.sampling.kv_sizing import kv_cache_bytes
 
     return float(
         kv_cache_bytes(
-            layers=shape.layers,
-            kv_heads=shape.kv_heads,
-            head_dim=shape.head_dim,
-            element_bytes=_dtype_bytes(settings.engine_dtype),
+            shape.kv,
+            dtype=settings.engine_dtype,
             rows=settings.generation_rows,
             tokens=settings.prompt_length + settings.response_length,
         )

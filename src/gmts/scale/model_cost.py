@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from gmts.models.lora import LoraConfig
+from gmts.sampling.kv_sizing import KVShape
 
 # --------------------------------------------------------------------------- the model
 
@@ -71,6 +72,11 @@ class ModelShape:
         """Parameters that never train (held in the compute dtype): a LoRA run's base."""
         return self.params if self.lora else 0
 
+    @property
+    def kv(self) -> KVShape:
+        """The sizes its KV cache depends on."""
+        return KVShape(layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim)
+
     @classmethod
     def from_config(cls, config: Any, lora: LoraConfig | None = None) -> ModelShape:
         """Count the parameters of ``config``'s causal LM built on the meta device, with
@@ -86,8 +92,7 @@ class ModelShape:
             adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
         layers = decoder_layers(model)
         layer_params = sum(p.numel() for p in layers[0].parameters())
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv = KVShape.from_config(config)
         positions = getattr(config, "max_position_embeddings", None)
         return cls(
             params=params,
@@ -95,9 +100,9 @@ class ModelShape:
             root_params=params + adapters - layer_params * len(layers),
             layers=len(layers),
             hidden=config.hidden_size,
-            heads=heads,
-            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
+            heads=config.num_attention_heads,
+            kv_heads=kv.kv_heads,
+            head_dim=kv.head_dim,
             vocab=config.vocab_size,
             max_positions=positions if isinstance(positions, int) else None,
             adapter_params=adapters,
@@ -139,8 +144,8 @@ def _narrow_config(config: Any, layers: int, factor: int | None = None) -> tuple
     (head size kept; the largest that divides both head counts and leaves a width of at least
     64, or ``factor``) and a small vocabulary; returns ``(config, k)``."""
     heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_shape = KVShape.from_config(config)
+    kv, head_dim = kv_shape.kv_heads, kv_shape.head_dim
     common = math.gcd(heads, kv)  # k must divide both head counts
     k = max(
         d

@@ -38,7 +38,6 @@ forward, and :func:`logprob_gap_metrics` logs how far the two are apart.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -49,10 +48,10 @@ import torch
 from gmts._registry import Registry
 from gmts.core.distributed import all_reduce_max, all_reduce_sum
 from gmts.models.lora import adapter_base_path, is_adapter_folder, merged_weights
+from gmts.sampling.kv_sizing import KVShape, vllm_kv_cache_bytes
 from gmts.sampling.rollout import Rollout
 from gmts.scale.distributed import DistInfo
-from gmts.scale.memory_plan import GIB, PlanSettings, engine_kv_cache_bytes
-from gmts.scale.model_cost import ModelShape
+from gmts.scale.layout import PlanSettings
 from gmts.scale.strategy import Strategy
 
 if TYPE_CHECKING:  # config.py imports this module lazily (available_engines)
@@ -72,7 +71,8 @@ __all__ = [
 ]
 
 MIN_CPU_KV_BYTES = 16 * 2**20
-"""The smallest KV cache the vllm engine is given on a CPU (tiny models need a few MiB)."""
+"""What the vllm engine's KV cache on a CPU is given on top of its batch's (tiny models need a
+few MiB more)."""
 
 
 @runtime_checkable
@@ -209,7 +209,7 @@ class VLLMRolloutEngine:
             dtype=engine_dtype(cfg),
             seed=cfg.seed,
             on_gpu=on_gpu,
-            kv_cache_bytes=kv_cache_bytes(inputs, on_gpu),
+            kv_cache_bytes=engine_kv_cache_bytes(inputs, on_gpu),
             distributed=inputs.info.world_size > 1,
             trust_remote_code=cfg.model.trust_remote_code,
         )
@@ -281,31 +281,32 @@ def engine_dtype(cfg: TrainConfig) -> str:
     return cfg.model.dtype if v.dtype == "auto" else v.dtype
 
 
-def kv_cache_bytes(inputs: EngineInputs, on_gpu: bool) -> int | None:
-    """The vllm engine's KV cache in bytes: ``rollout.vllm.kv_cache_gib`` when set; on a GPU
-    otherwise None (vLLM sizes it from ``gpu_memory_utilization``); on a CPU the memory plan's
-    KV cache of one generation batch (:func:`gmts.scale.memory_plan.engine_kv_cache_bytes`),
-    and at least one sequence of the engine's whole context, plus 16 MiB."""
+def engine_kv_cache_bytes(inputs: EngineInputs, on_gpu: bool) -> int | None:
+    """The vllm engine's KV cache in bytes (:func:`gmts.sampling.kv_sizing.vllm_kv_cache_bytes`):
+    ``rollout.vllm.kv_cache_gib`` when set; on a GPU otherwise None (vLLM sizes it from
+    ``gpu_memory_utilization``); on a CPU the KV cache of one generation batch (the rows a rank
+    generates at once, as the memory plan counts them: ``PlanSettings.generation_rows``, of the
+    longest prompt + ``max_new_tokens``), at least one sequence of the engine's whole context,
+    plus :data:`MIN_CPU_KV_BYTES`."""
     cfg = inputs.cfg
-    v = cfg.rollout.vllm
-    if v.kv_cache_gib is not None:
-        return int(v.kv_cache_gib * GIB)
-    if on_gpu:
-        return None
     settings = PlanSettings.from_config(
         cfg,
         world_size=inputs.info.world_size,
         prompt_length=inputs.prompt_tokens,
         response_length=inputs.max_new_tokens,
-        gpu=False,
+        gpu=on_gpu,
     )
-    shape = ModelShape.from_config(inputs.model_config)
-    batch = engine_kv_cache_bytes(shape, settings)
-    context = v.max_model_len or shape.max_positions or 0
-    one_row = dataclasses.replace(
-        settings, generation_rows=1, prompt_length=context, response_length=0
+    positions = getattr(inputs.model_config, "max_position_embeddings", None)
+    return vllm_kv_cache_bytes(
+        cfg.rollout.vllm,
+        KVShape.from_config(inputs.model_config),
+        dtype=engine_dtype(cfg),
+        on_gpu=on_gpu,
+        rows=settings.generation_rows,
+        tokens=inputs.prompt_tokens + inputs.max_new_tokens,
+        context=positions if isinstance(positions, int) else None,
+        margin_bytes=MIN_CPU_KV_BYTES,
     )
-    return int(max(batch, engine_kv_cache_bytes(shape, one_row)) + MIN_CPU_KV_BYTES)
 
 
 def logprob_gap_metrics(batch: ScoredBatch, info: DistInfo) -> dict[str, float]:
@@ -337,27 +338,14 @@ def check_engine(cfg: TrainConfig, device: torch.device) -> None:
     itself does not ask for vllm: ``gmts plan`` plans a vllm run anywhere.)"""
     if cfg.rollout.engine != "vllm":
         return
-    import os
+    from gmts.sampling.vllm_engine import check_engine_can_start
 
-    from gmts.sampling.vllm_engine import VLLM_INSTALL_HINT, vllm_available
-
-    if not vllm_available():
-        raise ValueError(
-            f"rollout.engine=vllm needs the vllm package, which is not installed: "
-            f"{VLLM_INSTALL_HINT}"
-        )
-
-    try:
-        cfg.rollout.vllm.sleeps(device.type == "cuda")  # sleep_mode=on on a CPU
-    except ValueError as exc:
-        raise ValueError(f"rollout.vllm.{exc}") from None
-    mode = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    if mode not in (None, "0"):
-        raise ValueError(
-            f"rollout.engine=vllm: VLLM_ENABLE_V1_MULTIPROCESSING={mode} asks for a separate "
-            "engine process, but the engine is colocated (its weights are updated in place); "
-            "unset it"
-        )
+    check_engine_can_start(
+        cfg.rollout.vllm,
+        on_gpu=device.type == "cuda",
+        who="rollout.engine=vllm",
+        fields="rollout.vllm.",
+    )
 
 
 def make_engine(inputs: EngineInputs) -> RolloutEngine:
