@@ -161,6 +161,25 @@ QUICK = Size(  # 8.6M parameters; 8 rows of 32 + 64 tokens; 2 mini-batches of 2 
         "optim.mini_batch_questions=2",
     ),
 )
+SMOLLM2 = Size(  # SmolLM2-135M-Instruct's shapes and its shipped config's batch (issue 27, 6)
+    model={  # config.json of the converted model (gmts.models.named), as a Qwen2 (+ qkv biases)
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+    },
+    prompt_tokens=96,  # configs/smollm2-135m-instruct/base.yaml: rollout.max_prompt_length
+    overrides=(
+        "rollout.questions_per_batch=3",
+        "rollout.group_size=8",
+        "rollout.max_response_length=64",
+        "optim.micro_batch_size=24",
+    ),
+)
+SIZES = {"full": FULL, "smollm2": SMOLLM2}
+"""``--size``: the model and batch measured (``--quick`` uses :data:`QUICK`)."""
 
 
 # --------------------------------------------------------------------------- one phase (child)
@@ -342,6 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help="result JSON (default benchmarks/results/memory_check.json)"
     )
+    parser.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="full",
+        help="model and batch: 'full' (40M parameters, the docs table) or 'smollm2' "
+        "(SmolLM2-135M-Instruct's shapes, randomly initialised, its shipped config's batch)",
+    )
     parser.add_argument("--no-report", action="store_true", help="do not refresh docs/training.md")
     parser.add_argument("--model-dir", type=Path, help="reuse (or keep) the random model here")
     parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
@@ -351,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_phase(args.child, args.overrides, args.batch), default=str))
         return 0
 
-    size = QUICK if args.quick else FULL
+    size = QUICK if args.quick else SIZES[args.size]
     work = Path(tempfile.mkdtemp(prefix="gmts-memory-check-"))
     model_dir = args.model_dir or work / "model"
     try:
@@ -360,9 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"memory_check: {error}", file=sys.stderr)
         return 2
-    out = args.out or (
-        work / "memory_check.json" if args.quick else BENCH_DIR / "results" / "memory_check.json"
+    default_out = BENCH_DIR / "results" / (
+        "memory_check.json" if args.size == "full" else f"memory_check_{args.size}.json"
     )
+    out = args.out or (work / "memory_check.json" if args.quick else default_out)
     from bench_common import git_commit, machine_description, utc_now
     from gpu_model import build
 
@@ -399,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit,
         "wall_s": round(time.perf_counter() - started, 1),
         "quick": args.quick,
+        "size": "quick" if args.quick else args.size,
         "model": size.model,
         "prompt_tokens": size.prompt_tokens,
         "settings": [*BASE, *size.overrides],
@@ -409,8 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(render(record))
     print(f"wrote {out} ({record['wall_s']:.0f} s)")
-    if not (args.quick or args.no_report):
-        update_doc(record)
+    if not (args.quick or args.no_report or args.size != "full"):
+        update_doc(record)  # the docs table is the 'full' size's
     return 0
 
 

@@ -23,7 +23,7 @@ _spec.loader.exec_module(memory_check)
 
 def test_every_row_is_valid_trainer_settings(tmp_path: Path) -> None:
     # the trainer's schema reads every row at both sizes: a renamed key fails here
-    for size in (memory_check.FULL, memory_check.QUICK):
+    for size in (*memory_check.SIZES.values(), memory_check.QUICK):
         memory_check.check_settings(list(memory_check.ROWS), size, [], tmp_path, tmp_path)
     with pytest.raises(ValueError, match="model.nope"):
         memory_check.check_settings(
@@ -75,3 +75,13 @@ def test_quick_run_measures_every_phase_with_the_trainer(tmp_path: Path) -> None
     assert phases["update"]["planned_phase"] in memory_check.UPDATE_PLAN_PHASES
     assert 0.6 < phases["update"]["measured_bytes"] / phases["update"]["planned_bytes"] < 1.7
     assert "bf16-fsdp-gc" in memory_check.render(record)
+
+
+@pytest.mark.slow  # converts the real model into $GMTS_CACHE on first use (about 40 s)
+def test_smollm2_size_has_the_real_models_shapes(real_model: str) -> None:
+    # --size smollm2 measures a random model of SmolLM2-135M-Instruct's shapes: they must be its
+    import json
+
+    config = json.loads((Path(real_model) / "config.json").read_text())
+    assert {k: config[k] for k in memory_check.SMOLLM2.model} == memory_check.SMOLLM2.model
+    assert config["tie_word_embeddings"] is True  # as the benchmark's Qwen2 (Qwen2.5-1.5B's)
