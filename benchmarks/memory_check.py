@@ -386,8 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"memory_check: {error}", file=sys.stderr)
         return 2
-    default_out = BENCH_DIR / "results" / (
-        "memory_check.json" if args.size == "full" else f"memory_check_{args.size}.json"
+    default_out = (
+        BENCH_DIR
+        / "results"
+        / ("memory_check.json" if args.size == "full" else f"memory_check_{args.size}.json")
     )
     out = args.out or (work / "memory_check.json" if args.quick else default_out)
     from bench_common import git_commit, machine_description, utc_now
