@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -445,11 +446,12 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
         DemoSettings(jobs=0)
 
 
-def _check_start_is_its_trainers_evaluation(overrides, tmp_path, seed: int, monkeypatch) -> None:
-    """``start_seed``'s evaluation of ``seed``'s start (with the recipe's ``overrides``), made
-    with every Trainer failing the test, equals ``Trainer(cfg).evaluate()`` of the last method's
-    run from that start, and lies strictly between 0 and 1 (a comparison of two zeros shows
-    nothing)."""
+def _start_and_its_trainers_evaluation(
+    overrides, tmp_path, seed: int, monkeypatch
+) -> tuple[dict, dict, Any]:
+    """(``start_seed``'s evaluation of ``seed``'s start with the recipe's ``overrides``, made
+    with every Trainer failing the test; ``Trainer(cfg).evaluate()`` of the last method's run
+    from that start; the recipe's data settings)."""
     import gmts.train.trainer as trainer_module
     from gmts.cli.demo import DemoSettings, demo_recipe
     from gmts.cli.demo_pool import method_config, start_seed
@@ -464,10 +466,7 @@ def _check_start_is_its_trainers_evaluation(overrides, tmp_path, seed: int, monk
         start = start_seed(base, settings, seed, progress=False)
     method = settings.methods[-1]
     cfg = method_config(base, method, start.model_path, settings.output_dir, False, seed)
-    assert start.before == Trainer(cfg, overwrite=True).evaluate()
-    d = base.data
-    assert 0 < start.before[f"average@{d.eval_samples}"] < 1
-    assert start.before["questions"] == d.eval_questions
+    return start.before, Trainer(cfg, overwrite=True).evaluate(), base.data
 
 
 @pytest.mark.parametrize("model", ["embedded", "folder"])
@@ -485,7 +484,10 @@ def test_demo_evaluates_a_start_as_its_runs_trainer_would(tiny_dir, tmp_path, mo
         _fake_warm_start(tiny_dir, tmp_path, monkeypatch)
     else:
         overrides += (f"model.path={tiny_dir}",)
-    _check_start_is_its_trainers_evaluation(overrides, tmp_path, 3, monkeypatch)
+    before, trainers, d = _start_and_its_trainers_evaluation(overrides, tmp_path, 3, monkeypatch)
+    assert before == trainers
+    assert 0 < before[f"average@{d.eval_samples}"] < 1  # two zeros would show nothing
+    assert before["questions"] == d.eval_questions == 8
 
 
 @pytest.mark.slow
@@ -493,7 +495,10 @@ def test_demo_evaluates_the_real_warm_start_as_its_runs_trainer_would(tmp_path, 
     """The same with the real embedded warm start of seed 0 (cached in $GMTS_CACHE; 1-2 min to
     build on first use) and the task's own exact-match reward."""
     overrides = (*TINY_DEMO, "data.eval_questions=16", "data.eval_samples=4")
-    _check_start_is_its_trainers_evaluation(overrides, tmp_path, 0, monkeypatch)
+    before, trainers, d = _start_and_its_trainers_evaluation(overrides, tmp_path, 0, monkeypatch)
+    assert before == trainers
+    assert 0 < before[f"average@{d.eval_samples}"] < 1  # two zeros would show nothing
+    assert before["questions"] == d.eval_questions == 16
 
 
 @pytest.mark.slow
