@@ -42,6 +42,10 @@ steps, about 4 x (70 + 65 + 70 + 10) s + start-up: ~15 minutes on the 2-core mac
     GMTS_CACHE=/work/.gmts-cache GMTS_SHARED_DATA=/work/shared/data HF_HUB_OFFLINE=1 \\
       .venv-vllm/bin/python benchmarks/bench_throughput_real.py --steps 4
     python benchmarks/bench_throughput_real.py --quick   # random tiny llama, under a minute
+
+``--set KEY=VALUE`` adds a gmts override (e.g. ``logging.overlap_metrics=false``: the shipped
+config logs the GMTS-vs-ETS overlap, which TRL does not compute); a setting TRL cannot mirror
+stops the run before any model loads.
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def gmts_overrides(args: argparse.Namespace, engine: str, run_dir: Path) -> list
     out += [f"{k}={v}" for k, v in shape.items() if v is not None]
     if args.questions is not None or args.group_size is not None:
         out.append("optim.micro_batch_size=1000000")  # one micro-batch: a single pass, as TRL
-    return out
+    return out + list(args.set or [])
 
 
 def check_trl_can_match(cfg: Any) -> None:
@@ -434,6 +438,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "template": hf.cfg.data.template,
             "reward": hf.cfg.data.reward,
             "dataset": hf.cfg.data.dataset,
+            "overlap_metrics": hf.cfg.logging.overlap_metrics,
+            "overrides": {e: gmts_overrides(args, e, work / f"gmts-{e}") for e in engines},
         },
     }
 
@@ -579,6 +585,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, help="generation budget (config's)")
     parser.add_argument("--max-prompt-length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a further override of the gmts config (repeatable; TRL mirrors what it can and "
+        "the run stops where it cannot), e.g. logging.overlap_metrics=false",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR)
     parser.add_argument("--model", help=argparse.SUPPRESS)  # set by --quick (internal)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)  # set by --quick (internal)
@@ -597,6 +610,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not args.config.is_file():
         parser.error(f"--config: no such file {args.config}")
+    from gmts.train.config import load_config
+
+    try:  # a bad config or --set fails here, before any model loads
+        check_trl_can_match(load_config(args.config, list(args.set or [])))
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.quick:
         args.steps, args.questions, args.group_size, args.new_tokens = 3, 2, 2, 8
         args.max_prompt_length, args.threads = 16, 1
@@ -613,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("steps", "threads", *SHAPE_ARGS):
             if getattr(args, name) is not None:
                 command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        for override in args.set or []:
+            command += ["--set", override]
         path = Path(tmp) / "child.json"
         subprocess.run([*command, "--child", str(path)], check=True, env=child_env(args.threads))
         child = json.loads(path.read_text())
@@ -632,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": str(args.config.resolve().relative_to(REPO_ROOT))
         if args.config.resolve().is_relative_to(REPO_ROOT)
         else str(args.config),
-        "settings": {"steps": args.steps, "threads": args.threads},
+        "settings": {"steps": args.steps, "threads": args.threads, "set": args.set or []},
         "notes": [
             "one process: every contender shares its torch threads; vLLM runs in-process",
             "peak_rss_mib: the whole process's VmHWM during the step (every model resident)",

@@ -86,6 +86,10 @@ def test_bad_arguments_fail_before_any_work(tmp_path):
         bench.main(["--steps", "1", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         bench.main(["--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--set", "selection.score=gmts", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--set", "rollout.no_such_field=1", "--out", str(tmp_path)])
     assert not (tmp_path / "throughput_real.json").exists()
 
 
