@@ -287,7 +287,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         reward_funcs=math_reward,
         args=trl_arguments(hf.cfg, work / "trl", steps),
         train_dataset=Dataset.from_list(trl_prompts(hf, steps)),
-        processing_class=hf.tokenizer,
+        processing_class=copy.deepcopy(hf.tokenizer),  # TRL may set its padding side
     )
     started["trl"] = time.perf_counter() - t
     if "vllm" in cfgs:
