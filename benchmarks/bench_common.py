@@ -233,6 +233,60 @@ def python_env() -> dict[str, str]:
     return env
 
 
+TRL_ON_CPU: dict[str, Any] = dict(
+    use_cpu=True,
+    bf16=False,
+    gradient_checkpointing=False,
+    disable_dropout=True,
+    shuffle_dataset=False,
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    dataloader_num_workers=0,
+)
+"""``GRPOConfig`` settings of every TRL contender: float32 on the CPU, no gradient
+checkpointing or dropout, the dataset in its order, a log row every step, nothing saved or
+reported, no data-loading workers."""
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """:func:`python_env` for a measuring child process: ``OMP_NUM_THREADS`` = ``threads`` and
+    an in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: its worker, and so its
+    weights, reachable from the caller)."""
+    env = python_env()
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return env
+
+
+def standalone_record(
+    name: str,
+    *,
+    quick: bool,
+    commit: str,
+    machine_before: dict[str, Any],
+    load_before: tuple[float, float, float],
+    started: float,
+    argv: list[str],
+    executable: str,
+) -> dict[str, Any]:
+    """The provenance of a standalone benchmark's record (one not run through ``run.py``): its
+    name, the quick flag, the date, the commit, the command, the machine and its load
+    (``uptime``) before and after, and the wall time since ``started`` (``perf_counter``)."""
+    return {
+        "name": name,
+        "quick": quick,
+        "date": utc_now(),
+        "commit": commit,
+        "command": " ".join([Path(executable).name, *argv]),
+        "machine": machine_before,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "uptime_after": machine_description()["uptime"],
+        "wall_s": time.perf_counter() - started,
+    }
+
+
 def core_api(name: str) -> Any:
     """``gmts.<name>`` (the public core API); falls back to ``gmts.core.<module>.<name>`` so the
     benchmarks also run on a checkout where the top-level re-exports have not landed yet."""

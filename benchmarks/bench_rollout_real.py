@@ -34,11 +34,11 @@ from typing import Any
 
 from bench_common import (
     DEFAULT_RESULTS_DIR,
+    child_env,
     git_commit,
     machine_description,
-    python_env,
+    standalone_record,
     summarize_times,
-    utc_now,
     write_result,
 )
 
@@ -61,6 +61,30 @@ def save_quick_model(path: Path) -> Path:
     build_tiny_model(tokenizer, config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def plain_vllm_tokens(
+    llm: Any,
+    rows: list[list[int]],
+    *,
+    max_tokens: int,
+    temperature: float,
+    stop_ids: list[int],
+) -> int:
+    """Plain vLLM: ``llm.generate`` (a ``vllm.LLM``) with one request per row of prompt token
+    ids (no seed, no log-probs, vLLM's own detokenisation), stopping at exactly ``stop_ids``;
+    returns the tokens generated."""
+    import vllm
+
+    params = vllm.SamplingParams(
+        n=1,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        stop_token_ids=list(stop_ids),
+        ignore_eos=True,
+    )
+    outs = llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs)
 
 
 def _prompts(tokenizer: Any) -> list[str]:
@@ -157,17 +181,9 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
         start_s = time.perf_counter() - t
 
         def vllm_plain(seed: int) -> int:
-            params = engine._vllm.SamplingParams(
-                n=1,
-                temperature=1.0,
-                max_tokens=args.new_tokens,
-                stop_token_ids=[stop],
-                ignore_eos=True,
+            return plain_vllm_tokens(
+                engine.llm, rows, max_tokens=args.new_tokens, temperature=1.0, stop_ids=[stop]
             )
-            outs = engine.llm.generate(
-                [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False
-            )
-            return sum(len(o.outputs[0].token_ids) for o in outs)
 
         def vllm_engine(seed: int) -> int:
             samples = engine.sample(
@@ -276,28 +292,25 @@ def main(argv: list[str] | None = None) -> int:
             command = [sys.executable, __file__, "--model", model, "--child", f"{dtype}:{path}"]
             for name in ("rows", "new_tokens", "repeats", "threads", "kv_cache_gib"):
                 command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-            env = python_env()
-            env["OMP_NUM_THREADS"] = str(args.threads)
-            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            subprocess.run(command, check=True, env=env)
+            subprocess.run(command, check=True, env=child_env(args.threads))
             child = json.loads(path.read_text())
             results[dtype] = {**summarize(child), "raw": child}
     record = {
-        "name": "rollout_real",
-        "quick": args.quick,
-        "date": utc_now(),
-        "commit": commit,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        **standalone_record(
+            "rollout_real",
+            quick=args.quick,
+            commit=commit,
+            machine_before=before,
+            load_before=load_before,
+            started=started,
+            argv=sys.argv,
+            executable=sys.executable,
+        ),
         "model": "random tiny llama (quick)" if args.quick else args.model,
         "settings": {
             k: getattr(args, k)
             for k in ("rows", "new_tokens", "repeats", "threads", "kv_cache_gib")
         },
-        "machine": before,
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
-        "uptime_after": machine_description()["uptime"],
-        "wall_s": time.perf_counter() - started,
         "results": results,
     }
     path = write_result(args.out, "rollout_real", record)

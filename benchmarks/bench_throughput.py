@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import BenchOptions, goal, ratio, summarize_times
+from bench_common import TRL_ON_CPU, BenchOptions, goal, ratio, summarize_times
 from tiny_setup import TASK, StepShape, train_config, warm_model_path
 
 PAIRS = {"all tokens": ("none", 1.0), "ETS top 20%": ("entropy", 0.2)}
@@ -62,15 +62,7 @@ def _trl_trainer(model_path: Path, out_dir: Path, shape: StepShape, steps: int, 
         epsilon=0.2,
         epsilon_high=0.28,
         top_entropy_quantile=quantile,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        disable_dropout=True,
-        shuffle_dataset=False,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        dataloader_num_workers=0,
+        **TRL_ON_CPU,
         seed=0,
     )
     model = AutoModelForCausalLM.from_pretrained(model_path)

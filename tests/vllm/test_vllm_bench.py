@@ -57,3 +57,32 @@ def test_quick_real_model_rollout_benchmark(tmp_path):
     for name in ("vllm_plain", "vllm_engine"):
         assert 0 < result["contenders"][name]["tokens_per_call"][0] <= 8 * 4
     assert result["ratios"]["engine_vs_plain"]["median"] > 0
+
+
+@pytest.mark.slow
+def test_quick_throughput_real_benchmark(tmp_path):
+    """benchmarks/bench_throughput_real.py --quick with vLLM: the vllm trainer and plain vLLM
+    measured on the same rows, every ratio taken."""
+    spec = importlib.util.spec_from_file_location(
+        "gmts_test_bench_throughput_real",
+        Path(__file__).resolve().parents[1] / "benchmarks" / "test_bench_throughput_real.py",
+    )
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+    record = helpers.run_quick(tmp_path)
+    raw = record["raw"]
+    assert not raw["skipped"]
+    for vllm_step, plain_step in zip(raw["rows"]["vllm"], raw["rows"]["vllm_plain"]):
+        assert vllm_step["step"] == plain_step["step"]
+        assert vllm_step["engine_sample_s"] > 0
+        # the engine starts from the policy's weights: synced after every update, not before 1
+        assert (vllm_step["weight_sync_s"] > 0) == (vllm_step["step"] > 0)
+        assert 0 < plain_step["tokens"] <= 2 * 2 * 8
+    for label in (
+        "vllm_vs_trl_tokens_per_s",
+        "trainer_rollout_vs_plain_vllm",
+        "trainer_rollout_without_sync_vs_plain_vllm",
+        "engine_sample_vs_plain_vllm",
+    ):
+        assert record["ratios"][label]["median"] > 0
+    assert [order[0] for order in raw["orders"]] == ["trl", "hf", "vllm"]

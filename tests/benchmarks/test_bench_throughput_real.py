@@ -1,0 +1,103 @@
+"""benchmarks/bench_throughput_real.py (gmts train on both engines vs TRL's GRPOTrainer, and
+the trainer's vLLM rollout vs plain vLLM) runs end to end in --quick mode on a random tiny
+llama: a record with provenance, every contender's steps measured (or its skip recorded), the
+same prompt token ids on every side, ratios taken per step. No timing is asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+QUICK = {"steps": 3, "questions": 2, "group_size": 2, "new_tokens": 8}
+
+
+def _bench():
+    sys.path.insert(0, str(BENCH_DIR))
+    spec = importlib.util.spec_from_file_location(
+        "gmts_bench_throughput_real", BENCH_DIR / "bench_throughput_real.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_quick(tmp_path: Path) -> dict:
+    """Run the quick mode into ``tmp_path`` and check what every run must hold."""
+    bench = _bench()
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "throughput_real.json").read_text())
+    assert record["quick"] is True and record["commit"] and record["command"]
+    assert record["machine"]["uptime"] and len(record["load_before"]) == 3
+    raw = record["raw"]
+    assert raw["prompt_tokens_checked"] is True and raw["prompt_example"]["ids"]
+    assert raw["gmts_config"]["selection"] == "entropy 0.2"
+    assert raw["gmts_config"]["kl_coef"] == 0.0
+    rows_per_step = QUICK["questions"] * QUICK["group_size"]
+    for name in ("trl", "hf"):
+        steps = raw["rows"][name]
+        assert [s["step"] for s in steps] == list(range(QUICK["steps"]))
+        for s in steps:
+            assert 0 < s["tokens"] <= rows_per_step * QUICK["new_tokens"]
+            assert s["step_s"] > 0 and s["peak_rss_mib"] > 0
+        row = record["contenders"][name]
+        assert row["timed_steps"] == QUICK["steps"] - 1  # the warm-up dropped
+        assert row["tokens_per_s"]["median"] > 0
+    assert all(s["generate_s"] > 0 for s in raw["rows"]["trl"])
+    assert all(0 < s["rollout_s"] < s["step_s"] for s in raw["rows"]["hf"])
+    ratio = record["ratios"]["hf_vs_trl_tokens_per_s"]
+    assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
+    # the three contenders' order rotates from step to step
+    assert len({tuple(order) for order in raw["orders"]}) > 1
+    goals = {g["name"]: g for g in record["goals"]}
+    assert len(goals) == 3 and all(g["met"] is None for g in goals.values())  # quick
+    return record
+
+
+def test_quick_mode_without_vllm(tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed: tests/vllm/test_vllm_bench.py runs the full quick mode")
+    record = run_quick(tmp_path)
+    assert set(record["raw"]["skipped"]) == {"vllm", "vllm_plain"}
+    assert "vllm_vs_trl_tokens_per_s" not in record["ratios"]
+    assert record["raw"]["orders"] == [
+        ["trl", "hf"],
+        ["hf", "trl"],
+        ["trl", "hf"],
+    ]
+
+
+def test_rotation_covers_every_position():
+    bench = _bench()
+    orders = [bench.rotation(step) for step in range(3)]
+    for name in bench.CONTENDERS:
+        assert sorted(order.index(name) for order in orders) == [0, 1, 2]
+
+
+def test_bad_arguments_fail_before_any_work(tmp_path):
+    bench = _bench()
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--set", "selection.score=gmts", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--set", "rollout.no_such_field=1", "--out", str(tmp_path)])
+    assert not (tmp_path / "throughput_real.json").exists()
+
+
+def test_trl_cannot_mirror_a_gmts_selection_it_lacks():
+    from gmts.train.config import load_config
+
+    bench = _bench()
+    cfg = load_config(bench.DEFAULT_CONFIG, ["selection.score=gmts"])
+    with pytest.raises(ValueError, match="TRL has ETS only"):
+        bench.check_trl_can_match(cfg)
+    bench.check_trl_can_match(load_config(bench.DEFAULT_CONFIG))  # the shipped config
