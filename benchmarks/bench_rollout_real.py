@@ -1,6 +1,8 @@
 """Rollout tokens/s on a real model (issue 27, items 1 and 2): four generators side by side.
 
 - ``ours``: :func:`gmts.sampling.rollout.generate_rollouts` (the trainer's ``hf`` engine);
+- ``ours_prepacked``: the same with ``prepack=True`` (oneDNN-prepacked linear weights while
+  sampling: :mod:`gmts.sampling.packed_linear`);
 - ``generate``: transformers' ``model.generate`` (what TRL samples with), plain softmax;
 - ``vllm_plain``: ``LLM.generate`` with one plain request per row (no seed, no log-probs);
 - ``vllm_engine``: :meth:`gmts.sampling.vllm_engine.VLLMEngine.sample` as the trainer calls it
@@ -42,9 +44,11 @@ from bench_common import (
     write_result,
 )
 
-CONTENDERS = ("ours", "generate", "vllm_plain", "vllm_engine")
+CONTENDERS = ("ours", "ours_prepacked", "generate", "vllm_plain", "vllm_engine")
 RATIOS = {
     "ours_vs_generate": ("ours", "generate"),
+    "prepacked_vs_generate": ("ours_prepacked", "generate"),
+    "prepacked_vs_ours": ("ours_prepacked", "ours"),
     "engine_vs_plain": ("vllm_engine", "vllm_plain"),
 }
 QUESTIONS = [(12, 35), (47, 58), (23, 91), (64, 17), (88, 29), (31, 76), (55, 44), (19, 83)]
@@ -122,7 +126,7 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
         input_ids[i, width - len(ids) :] = torch.tensor(ids)
         attention[i, width - len(ids) :] = 1
 
-    def ours(seed: int) -> int:
+    def ours(seed: int, prepack: bool = False) -> int:
         roll = generate_rollouts(
             model,
             tokenizer,
@@ -132,8 +136,12 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
             temperature=1.0,
             seed=seed,
             stop_token_ids=[stop],
+            prepack=prepack,
         )
         return int(roll.response_lengths.sum())
+
+    def ours_prepacked(seed: int) -> int:
+        return ours(seed, prepack=True)
 
     def generate(seed: int) -> int:
         torch.manual_seed(seed)
@@ -157,7 +165,7 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
         )
         return int(first.sum())
 
-    fns = {"ours": ours, "generate": generate}
+    fns = {"ours": ours, "ours_prepacked": ours_prepacked, "generate": generate}
     skipped: dict[str, str] = {}
     engine = None
     start_s = None

@@ -17,6 +17,7 @@ never reads the deprecated output field: the cache is updated in place.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 
+from gmts.sampling.packed_linear import prepacked_linears
 from gmts.sampling.sequences import PromptResponse, position_ids_from_mask
 
 
@@ -446,6 +448,7 @@ def generate_rollouts(
     seed: int | None = None,
     add_special_tokens: bool = False,
     stop_token_ids: Sequence[int] | None = None,
+    prepack: bool = False,
 ) -> Rollout:
     """Sample ``num_samples`` completions for each problem.
 
@@ -464,6 +467,10 @@ def generate_rollouts(
         stop_token_ids: ids that end a row (the end token is kept in the response and mask).
             None: the tokenizer's eos plus the model's ``generation_config.eos_token_id`` (chat
             models often stop on several ids, e.g. an end-of-turn token).
+        prepack: on a CPU, multiply against oneDNN-prepacked copies of the float32 linear
+            weights while sampling (:mod:`gmts.sampling.packed_linear`: faster decoding steps,
+            one more copy of those weights in memory, logits equal up to rounding); a no-op on
+            other devices and builds.
 
     Returns:
         A ``Rollout`` of B = Q * G rows on the model's device.
@@ -498,20 +505,22 @@ def generate_rollouts(
     chunk = batch_size or rows
     was_training = model.training
     model.eval()
+    packing = prepacked_linears(model, chunk) if prepack else contextlib.nullcontext()
     try:
-        pieces = [
-            _sample_cache_loop(
-                model,
-                prompt_ids[start : start + chunk],
-                prompt_mask[start : start + chunk],
-                max_new_tokens=max_new_tokens,
-                temperature=float(temperature),
-                generator=generator,
-                stop_ids=torch.tensor(stop, dtype=torch.long, device=device),
-                pad_id=pad_id,
-            )
-            for start in range(0, rows, chunk)
-        ]
+        with packing:
+            pieces = [
+                _sample_cache_loop(
+                    model,
+                    prompt_ids[start : start + chunk],
+                    prompt_mask[start : start + chunk],
+                    max_new_tokens=max_new_tokens,
+                    temperature=float(temperature),
+                    generator=generator,
+                    stop_ids=torch.tensor(stop, dtype=torch.long, device=device),
+                    pad_id=pad_id,
+                )
+                for start in range(0, rows, chunk)
+            ]
     finally:
         model.train(was_training)
 
