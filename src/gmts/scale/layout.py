@@ -63,6 +63,11 @@ class PlanSettings:
         engine_memory_fraction: vllm: ``gpu_memory_utilization``.
         engine_kv_bytes: vllm: ``kv_cache_gib`` in bytes, or None.
         engine_sleeps: vllm: the engine releases its memory outside rollouts.
+        engine_on_gpu: vllm: the engine runs on a GPU (on a CPU the trainer sizes its KV cache
+            for the batch, and the plan counts what it is given).
+        engine_block_tokens: vllm: ``engine_kwargs["block_size"]`` when set, else None (the
+            engine's default block).
+        engine_max_model_len: vllm: ``max_model_len`` when set, else None (the model's context).
         device_bytes: the device's memory when known (a GPU's), else None.
     """
 
@@ -82,6 +87,9 @@ class PlanSettings:
     engine_memory_fraction: float = 0.5
     engine_kv_bytes: float | None = None
     engine_sleeps: bool = False
+    engine_on_gpu: bool = True
+    engine_block_tokens: int | None = None
+    engine_max_model_len: int | None = None
     device_bytes: float | None = None
 
     @classmethod
@@ -108,6 +116,9 @@ class PlanSettings:
                 engine_memory_fraction=v.gpu_memory_utilization,
                 engine_kv_bytes=None if v.kv_cache_gib is None else v.kv_cache_gib * GIB,
                 engine_sleeps=v.sleeps(gpu),
+                engine_on_gpu=gpu,
+                engine_block_tokens=v.engine_kwargs.get("block_size"),
+                engine_max_model_len=v.max_model_len,
             )
         else:
             rows_at_once = r.generation_batch_size or rows

@@ -17,8 +17,10 @@ bytes each rank needs in the four phases of a training step and takes the larges
 With ``rollout.engine=vllm`` the colocated engine holds its own copy of the weights (in the
 engine's dtype) and its KV cache: ``rollout.vllm.kv_cache_gib`` when set; else on a GPU of known
 size what vLLM takes, ``gpu_memory_utilization`` x the GPU's memory (weights, activations and KV
-cache together); else (no device size: ``gmts plan`` without ``--gpu-gib``, or a CPU, where the
-trainer sizes the cache this way) the KV cache of one generation batch of
+cache together); on a CPU what the trainer gives the engine
+(:func:`gmts.sampling.kv_sizing.vllm_kv_cache_bytes`: one generation batch in the CPU engine's
+128-token blocks, at least one sequence of its whole context, plus a margin); else (a GPU of
+unknown size: ``gmts plan`` without ``--gpu-gib``) the KV cache of one generation batch of
 ``min(max_num_seqs, rows)`` full-length rows, rounded up to vLLM's 16-token blocks. The policy
 then needs no sampling copy. Outside the rollout the engine is counted in every phase, unless
 it sleeps (sleep mode on a GPU: levels 1 and 2 both leave nothing on the GPU).
@@ -230,6 +232,35 @@ def engine_kv_cache_bytes(shape: ModelShape, settings: PlanSettings) -> float:
     )
 
 
+def cpu_engine_kv_cache_bytes(shape: ModelShape, settings: PlanSettings) -> int:
+    """The KV cache the trainer gives a vLLM engine on a CPU
+    (:func:`gmts.sampling.kv_sizing.vllm_kv_cache_bytes`): one generation batch of
+    ``prompt_length + response_length`` tokens in whole blocks of the CPU engine's size, at
+    least one sequence of its whole context, plus
+    :data:`gmts.sampling.kv_sizing.CPU_KV_MARGIN_BYTES`."""
+    from gmts.sampling.kv_sizing import CPU_KV_MARGIN_BYTES, vllm_kv_cache_bytes
+    from gmts.sampling.vllm_engine import VLLMConfig
+
+    engine = VLLMConfig(
+        max_model_len=settings.engine_max_model_len,
+        engine_kwargs={"block_size": settings.engine_block_tokens}
+        if settings.engine_block_tokens
+        else {},
+    )
+    size = vllm_kv_cache_bytes(
+        engine,
+        shape.kv,
+        dtype=settings.engine_dtype,
+        on_gpu=False,
+        rows=settings.generation_rows,
+        tokens=settings.prompt_length + settings.response_length,
+        context=shape.max_positions,
+        margin_bytes=CPU_KV_MARGIN_BYTES,
+    )
+    assert size is not None  # on a CPU without kv_cache_gib it is always sized
+    return size
+
+
 def _engine_parts(shape: ModelShape, s: PlanSettings) -> dict[str, float]:
     """The vLLM engine's bytes by part ({} for the hf engine): see the module docstring."""
     if s.engine != "vllm":
@@ -239,6 +270,8 @@ def _engine_parts(shape: ModelShape, s: PlanSettings) -> dict[str, float]:
         rest = s.engine_kv_bytes
     elif s.device_bytes is not None:  # vLLM takes its fraction, whatever the batch needs
         rest = max(s.engine_memory_fraction * s.device_bytes - weights, 0.0)
+    elif not s.engine_on_gpu:  # a CPU: the cache the trainer sizes for the engine
+        rest = float(cpu_engine_kv_cache_bytes(shape, s))
     else:
         rest = engine_kv_cache_bytes(shape, s)
     return {"engine weights": float(weights), "engine KV cache": rest}
