@@ -11,6 +11,7 @@ template's end-of-turn token instead of eos (``gmts.eval.backends``).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,8 +91,35 @@ class Sampler(Protocol):
 SAMPLERS: Registry[Callable[[SamplerInputs], Sampler]] = Registry("sampler")
 
 
+class _SamplerBase:
+    """:meth:`Sampler.sample` with the arguments every implementation shares passed on to
+    ``self._sampler()``."""
+
+    def _sampler(self) -> Callable[..., Rollout]:
+        raise NotImplementedError
+
+    def sample(
+        self,
+        problems: Sequence[Any],
+        *,
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        stop_token_ids: Sequence[int],
+    ) -> Rollout:
+        return self._sampler()(
+            problems,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+        )
+
+
 @SAMPLERS.decorator("hf")
-class HFSampler:
+class HFSampler(_SamplerBase):
     """:func:`gmts.sampling.rollout.generate_rollouts` on ``SamplerInputs.model``."""
 
     name = "hf"
@@ -107,28 +135,11 @@ class HFSampler:
     def generation_config(self) -> Any:
         return getattr(self.model, "generation_config", None)
 
-    def sample(
-        self,
-        problems: Sequence[Any],
-        *,
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-        stop_token_ids: Sequence[int],
-    ) -> Rollout:
+    def _sampler(self) -> Callable[..., Rollout]:
         from gmts.sampling import rollout  # looked up at the call (tests count its calls)
 
-        return rollout.generate_rollouts(
-            self.model,
-            self.tokenizer,
-            problems,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            batch_size=self.batch_size,
-            seed=seed,
-            stop_token_ids=stop_token_ids,
+        return functools.partial(
+            rollout.generate_rollouts, self.model, self.tokenizer, batch_size=self.batch_size
         )
 
     def close(self) -> None:
@@ -136,7 +147,7 @@ class HFSampler:
 
 
 @SAMPLERS.decorator("vllm")
-class VLLMSampler:
+class VLLMSampler(_SamplerBase):
     """A :class:`gmts.sampling.vllm_engine.VLLMEngine` started from ``SamplerInputs.model_path``
     (``engine``: the trainer also sleeps, wakes and reloads it)."""
 
@@ -160,25 +171,8 @@ class VLLMSampler:
         )
         self.generation_config = self.engine.generation_config
 
-    def sample(
-        self,
-        problems: Sequence[Any],
-        *,
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-        stop_token_ids: Sequence[int],
-    ) -> Rollout:
-        return self.engine.sample_rollouts(
-            self.tokenizer,
-            problems,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            stop_token_ids=stop_token_ids,
-        )
+    def _sampler(self) -> Callable[..., Rollout]:
+        return functools.partial(self.engine.sample_rollouts, self.tokenizer)
 
     def close(self) -> None:
         self.engine.close()
