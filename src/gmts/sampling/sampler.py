@@ -21,7 +21,7 @@ import torch
 
 from gmts._registry import Registry
 from gmts.sampling.rollout import Rollout, stop_ids_from_eos
-from gmts.sampling.vllm_engine import VLLMConfig
+from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine
 
 __all__ = ["SAMPLERS", "Sampler", "SamplerInputs", "eos_stop_ids", "make_sampler"]
 
@@ -154,8 +154,6 @@ class VLLMSampler(_SamplerBase):
     name = "vllm"
 
     def __init__(self, inputs: SamplerInputs) -> None:
-        from gmts.sampling.vllm_engine import VLLMEngine
-
         if inputs.model_path is None or inputs.vllm is None:
             raise ValueError("the vllm sampler needs SamplerInputs.model_path and .vllm")
         self.tokenizer = inputs.tokenizer
