@@ -71,6 +71,7 @@ API: dict[str, tuple[str, ...]] = {
     "gmts.data.prompts": ("format_prompt",),
     "gmts.sampling.rollout": ("generate_rollouts", "Rollout", "rollout_from_responses"),
     "gmts.sampling.vllm_engine": ("VLLMConfig", "VLLMEngine", "VLLMEngine.sample_rollouts"),
+    "gmts.sampling.sampler": ("SamplerInputs", "Sampler.sample", "make_sampler"),
     "gmts.embedded.tokenizer": ("build_char_tokenizer",),
     "gmts.embedded.tiny_model": ("TinyModelConfig", "build_tiny_model"),
     "gmts.embedded.tasks": ("get_task", "register_task"),

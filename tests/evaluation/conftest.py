@@ -74,6 +74,12 @@ def make_byte_tokenizer():
 
 
 @pytest.fixture(scope="session")
+def make_tiny_qwen():
+    """The builder itself (as :func:`make_byte_tokenizer`)."""
+    return build_tiny_qwen
+
+
+@pytest.fixture(scope="session")
 def byte_tokenizer():
     return build_byte_tokenizer()
 

@@ -145,21 +145,19 @@ def test_eval_config_validation(kwargs, match):
 
 def test_end_of_turn_token_stops_sampling(make_byte_tokenizer):
     from gmts.data.prompts import CHATML_TEMPLATE
-    from gmts.eval.backends import _with_end_of_turn_stop
+    from gmts.eval.backends import end_of_turn_id
 
     tok = make_byte_tokenizer(CHATML_TEMPLATE)
-    assert _with_end_of_turn_stop(tok) is tok  # eos is already <|im_end|>
+    assert end_of_turn_id(tok) is None  # eos is already <|im_end|>
     tok.eos_token = "<|endoftext|>"
-    wrapped = _with_end_of_turn_stop(tok)
-    assert wrapped.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>") != tok.eos_token_id
-    assert tok.eos_token == "<|endoftext|>"  # the real tokenizer is untouched
-    ids = wrapped(["ab"], add_special_tokens=False)["input_ids"]
-    assert ids == tok(["ab"], add_special_tokens=False)["input_ids"] and len(ids[0]) == 2
-    assert wrapped.batch_decode([ids[0] + [wrapped.eos_token_id]], skip_special_tokens=True) == [
-        "ab"
-    ]
+    stop = end_of_turn_id(tok)
+    assert stop == tok.convert_tokens_to_ids("<|im_end|>") != tok.eos_token_id
+    assert tok.eos_token == "<|endoftext|>"  # the tokenizer is untouched
+    ids = tok(["ab"], add_special_tokens=False)["input_ids"]
+    assert len(ids[0]) == 2
+    assert tok.batch_decode([ids[0] + [stop]], skip_special_tokens=True) == ["ab"]
     plain = make_byte_tokenizer()
-    assert _with_end_of_turn_stop(plain) is plain
+    assert end_of_turn_id(plain) is None
 
 
 def test_vllm_backend_missing_package(monkeypatch, tmp_path):

@@ -11,7 +11,9 @@ fake. ``temperature == 0`` means greedy decoding.
   semantics as ``hf`` (on the embedded warm start in float32 the greedy answers of the two are
   identical: tests/vllm/test_vllm_eval.py).
 
-Also here: :func:`check_benchmarks_fit`, the context guard ``gmts eval`` runs before loading a
+Both sample through the one sampling protocol the trainer's engines use
+(:mod:`gmts.sampling.sampler`), stopping at the chat template's end-of-turn token in place of
+eos (:func:`end_of_turn_id`). Also here: :func:`check_benchmarks_fit`, the context guard ``gmts eval`` runs before loading a
 model. Model paths are resolved and models loaded by :mod:`gmts.models.loading`.
 """
 
@@ -31,6 +33,7 @@ from gmts.models.loading import (
     torch_dtype,
 )
 from gmts.sampling.kv_sizing import KVShape, vllm_kv_cache_bytes
+from gmts.sampling.sampler import Sampler, SamplerInputs, eos_stop_ids, make_sampler
 from gmts.sampling.vllm_engine import VLLMConfig, check_engine_can_start
 
 
@@ -137,10 +140,55 @@ def check_benchmarks_fit(
 
 
 # ------------------------------------------------------------------------------------------
-# Hugging Face backend
+# the backends: a gmts.sampling sampler with eval's stop rule
 
 
-class HFBackend:
+class _SamplerBackend:
+    """What both backends share: prompts checked against the context, sampled through
+    ``self.sampler`` (:class:`gmts.sampling.sampler.Sampler`) with eval's stop rule (the chat
+    template's end-of-turn token in place of eos: :func:`end_of_turn_id`), completions grouped
+    by prompt."""
+
+    name: str
+    tokenizer: Any
+    sampler: Sampler
+    context: int | None
+
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+    ) -> list[list[str]]:
+        from gmts.embedded.tasks import Problem
+        from gmts.models.context import check_fits, longest_prompt
+
+        check_fits(  # a clear error instead of an IndexError deep in the position embedding
+            prompt_tokens=longest_prompt(self.tokenizer, prompts),
+            new_tokens=max_new_tokens,
+            limit=self.context,
+            what=f"{self.name} backend",
+            settings="max_new_tokens (gmts eval --max-new-tokens)",
+        )
+        rollout = self.sampler.sample(
+            [Problem(prompt=p, answer="") for p in prompts],
+            num_samples=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            stop_token_ids=eos_stop_ids(self.sampler, end_of_turn_id(self.tokenizer)),
+        )
+        return group_completions(rollout.completions, rollout.group_ids, len(prompts), n)
+
+    def close(self) -> None:
+        """Release the sampler (frees the vllm engine's memory)."""
+        self.sampler.close()
+
+
+class HFBackend(_SamplerBackend):
     """Generation with a ``transformers`` causal LM and :func:`generate_rollouts`.
 
     Built from :class:`BackendOptions`: ``model_path``, ``device``, ``dtype``, ``batch_size``.
@@ -155,79 +203,33 @@ class HFBackend:
         self.model = load_model(
             self.model_path, dtype=torch_dtype(options.dtype, self.device), training=False
         ).to(self.device)
-        self.batch_size = options.batch_size
-        self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
+        self.sampler = make_sampler(
+            "hf", SamplerInputs(self.tokenizer, model=self.model, batch_size=options.batch_size)
+        )
         from gmts.models.context import context_limit
 
         self.context = context_limit(self.model.config, self.tokenizer, str(self.model_path))
-
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int,
-    ) -> list[list[str]]:
-        from gmts.embedded.tasks import Problem
-        from gmts.models.context import check_fits, longest_prompt
-        from gmts.sampling.rollout import generate_rollouts
-
-        check_fits(  # a clear error instead of an IndexError deep in the position embedding
-            prompt_tokens=longest_prompt(self.tokenizer, prompts),
-            new_tokens=max_new_tokens,
-            limit=self.context,
-            what="hf backend",
-            settings="max_new_tokens (gmts eval --max-new-tokens)",
-        )
-        problems = [Problem(prompt=p, answer="") for p in prompts]
-        rollout = generate_rollouts(
-            self.model,
-            self._sampling_tokenizer,
-            problems,
-            num_samples=n,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            batch_size=self.batch_size,
-            seed=seed,
-        )
-        return group_completions(rollout.completions, rollout.group_ids, len(prompts), n)
 
 
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
 
 
-class _StopAtToken:
-    """The tokenizer seen through a different ``eos_token_id`` (everything else delegated)."""
-
-    def __init__(self, tokenizer: Any, eos_token_id: int) -> None:
-        self._tokenizer = tokenizer
-        self.eos_token_id = eos_token_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tokenizer, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tokenizer(*args, **kwargs)
-
-
-def _with_end_of_turn_stop(tokenizer: Any) -> Any:
-    """Stop sampling at the chat template's end-of-turn token when it is not the eos token.
+def end_of_turn_id(tokenizer: Any) -> int | None:
+    """The chat template's end-of-turn token id when it is not the eos token, else None: eval
+    stops sampling there in place of eos.
 
     Base models used with a chat template (Qwen2.5-Math: eos ``<|endoftext|>``, turns end with
     ``<|im_end|>``) would otherwise run on past the answer into a new turn until the budget.
-    The sampler takes one stop id, so the end-of-turn token replaces eos for sampling.
     """
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
-        return tokenizer
+        return None
     for token in _END_OF_TURN_TOKENS:
         if token in template and token != tokenizer.eos_token:
             token_id = tokenizer.convert_tokens_to_ids(token)
             if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
-                return _StopAtToken(tokenizer, token_id)
-    return tokenizer
+                return token_id
+    return None
 
 
 def group_completions(
@@ -270,7 +272,7 @@ def check_whole_model(model_path: str | os.PathLike[str], who: str) -> None:
         )
 
 
-class VLLMBackend:
+class VLLMBackend(_SamplerBackend):
     """Generation with vLLM's offline engine, through the same colocated engine wrapper the
     trainer samples with (:class:`gmts.sampling.vllm_engine.VLLMEngine`).
 
@@ -295,8 +297,6 @@ class VLLMBackend:
 
         import torch
 
-        from gmts.sampling.vllm_engine import VLLMEngine
-
         fields = {f.name for f in dataclasses.fields(VLLMConfig)}
         extra = dict(options.engine_kwargs)
         config = VLLMConfig(
@@ -309,7 +309,6 @@ class VLLMBackend:
         check_whole_model(options.model_path, "the vllm backend")
         self.model_path = resolve_model_path(options.model_path)
         self.tokenizer = load_tokenizer(self.model_path, pad_token=False)
-        self._sampling_tokenizer = _with_end_of_turn_stop(self.tokenizer)
         from transformers import AutoConfig
 
         from gmts.models.context import context_limit
@@ -317,14 +316,16 @@ class VLLMBackend:
         model_config = AutoConfig.from_pretrained(self.model_path)
         self.context = context_limit(model_config, self.tokenizer, str(self.model_path))
         kv = self.kv_cache_bytes(config, model_config, dtype=options.dtype, on_gpu=on_gpu)
-        self.engine = VLLMEngine(
-            self.model_path,
-            config,
+        inputs = SamplerInputs(
+            self.tokenizer,
+            model_path=self.model_path,
+            vllm=config,
             dtype=options.dtype,
             seed=options.seed,
             on_gpu=on_gpu,
             kv_cache_bytes=kv,
         )
+        self.sampler = make_sampler("vllm", inputs)
 
     @classmethod
     def kv_cache_bytes(
@@ -345,39 +346,6 @@ class VLLMBackend:
             context=getattr(model_config, "max_position_embeddings", None) or 4096,
             cap_bytes=cls.CPU_KV_CAP_BYTES,
         )
-
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int,
-    ) -> list[list[str]]:
-        from gmts.embedded.tasks import Problem
-        from gmts.models.context import check_fits, longest_prompt
-
-        check_fits(
-            prompt_tokens=longest_prompt(self.tokenizer, prompts),
-            new_tokens=max_new_tokens,
-            limit=self.context,
-            what="vllm backend",
-            settings="max_new_tokens (gmts eval --max-new-tokens)",
-        )
-        rollout = self.engine.sample_rollouts(
-            self._sampling_tokenizer,
-            [Problem(prompt=p, answer="") for p in prompts],
-            num_samples=n,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-        )
-        return group_completions(rollout.completions, rollout.group_ids, len(prompts), n)
-
-    def close(self) -> None:
-        """Shut the engine down (frees its memory)."""
-        self.engine.close()
 
 
 # ------------------------------------------------------------------------------------------

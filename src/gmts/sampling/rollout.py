@@ -257,7 +257,15 @@ def resolve_stop_ids(
         if not stop:
             raise ValueError("stop_token_ids must not be empty")
         return list(dict.fromkeys(stop))
-    stop = [tokenizer.eos_token_id]
+    return stop_ids_from_eos(tokenizer.eos_token_id, generation_config)
+
+
+def stop_ids_from_eos(eos_token_id: int | None, generation_config: Any) -> list[int]:
+    """``eos_token_id`` then ``generation_config.eos_token_id`` (an int or a list;
+    ``generation_config`` may be None), without repeats."""
+    if eos_token_id is None:
+        raise ValueError("tokenizer must define an eos token (or pass stop_token_ids)")
+    stop = [eos_token_id]
     extra = getattr(generation_config, "eos_token_id", None) if generation_config else None
     if isinstance(extra, int):
         stop.append(extra)

@@ -11,6 +11,9 @@ and the step never ask which one they have:
 - ``metrics()``: the engine's rows of the step's ``metrics.jsonl`` row;
 - ``close()``: release it when the run is over.
 
+Both sample through the one sampling protocol (:mod:`gmts.sampling.sampler`, the sampler of
+the engine's name) and stop at the tokenizer's eos plus the generation config's.
+
 ``hf``: :func:`gmts.sampling.rollout.generate_rollouts` on the policy itself, inside the
 strategy's sampling region (``Strategy.sampling``: one bf16 cast, or FSDP's layers gathered
 once). ``rollout.generation_batch_size`` rows at a time; one generator seeded by ``seed``.
@@ -50,6 +53,7 @@ from gmts.core.distributed import all_reduce_max, all_reduce_sum
 from gmts.models.lora import adapter_base_path, is_adapter_folder, merged_weights
 from gmts.sampling.kv_sizing import KVShape, vllm_kv_cache_bytes
 from gmts.sampling.rollout import Rollout
+from gmts.sampling.sampler import Sampler, SamplerInputs, eos_stop_ids, make_sampler
 from gmts.scale.distributed import DistInfo
 from gmts.scale.layout import PlanSettings
 from gmts.scale.strategy import Strategy
@@ -137,20 +141,12 @@ class EngineInputs:
 ENGINES: Registry[Callable[[EngineInputs], RolloutEngine]] = Registry("rollout engine")
 
 
-@ENGINES.decorator("hf")
-class HFEngine:
-    """The KV-cached sampler on the policy itself."""
+class _SamplerEngine:
+    """What both engines share: sampling through their :class:`gmts.sampling.sampler.Sampler`
+    with the trainer's stop rule, the tokenizer's eos plus the generation config's
+    (:func:`gmts.sampling.sampler.eos_stop_ids`)."""
 
-    name = "hf"
-
-    def __init__(self, inputs: EngineInputs) -> None:
-        self.model = inputs.model
-        self.tokenizer = inputs.tokenizer
-        self.strategy = inputs.strategy
-        self.batch_size = inputs.cfg.rollout.generation_batch_size
-
-    def session(self) -> contextlib.AbstractContextManager[None]:
-        return self.strategy.sampling(self.model)
+    sampler: Sampler
 
     def generate(
         self,
@@ -161,41 +157,58 @@ class HFEngine:
         temperature: float,
         seed: int,
     ) -> Rollout:
-        from gmts.sampling.rollout import generate_rollouts
-
-        return generate_rollouts(
-            self.model,
-            self.tokenizer,
+        return self.sampler.sample(
             problems,
             num_samples=num_samples,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
-            batch_size=self.batch_size,
             seed=seed,
+            stop_token_ids=eos_stop_ids(self.sampler),
         )
+
+    def close(self) -> None:
+        """Release the sampler; vLLM's teardown leaves the process group too (the run's last
+        collective is over by then)."""
+        self.sampler.close()
+
+
+@ENGINES.decorator("hf")
+class HFEngine(_SamplerEngine):
+    """The KV-cached sampler on the policy itself."""
+
+    name = "hf"
+
+    def __init__(self, inputs: EngineInputs) -> None:
+        self.model = inputs.model
+        self.strategy = inputs.strategy
+        self.sampler = make_sampler(
+            "hf",
+            SamplerInputs(
+                inputs.tokenizer,
+                model=inputs.model,
+                batch_size=inputs.cfg.rollout.generation_batch_size,
+            ),
+        )
+
+    def session(self) -> contextlib.AbstractContextManager[None]:
+        return self.strategy.sampling(self.model)
 
     def metrics(self) -> dict[str, float]:
         return {}
 
-    def close(self) -> None:
-        pass
-
 
 @ENGINES.decorator("vllm")
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(_SamplerEngine):
     """A colocated vLLM engine that is sent the policy's weights before every rollout that
     follows an update (see the module docstring)."""
 
     name = "vllm"
 
     def __init__(self, inputs: EngineInputs) -> None:
-        from gmts.sampling.vllm_engine import VLLMEngine
-
         cfg = inputs.cfg
         v = cfg.rollout.vllm
         on_gpu = inputs.device.type == "cuda"
         self.model = inputs.model
-        self.tokenizer = inputs.tokenizer
         self.strategy = inputs.strategy
         # LoRA: the engine holds the merged model (W + s B A), started from the base (a
         # resumed run's checkpoint holds only the adapters) and sent the merge at once
@@ -203,16 +216,21 @@ class VLLMRolloutEngine:
         start_path = inputs.model_path
         if self.adapters and is_adapter_folder(start_path):
             start_path = adapter_base_path(start_path)
-        self.engine = VLLMEngine(
-            start_path,
-            v,
-            dtype=engine_dtype(cfg),
-            seed=cfg.seed,
-            on_gpu=on_gpu,
-            kv_cache_bytes=engine_kv_cache_bytes(inputs, on_gpu),
-            distributed=inputs.info.world_size > 1,
-            trust_remote_code=cfg.model.trust_remote_code,
+        self.sampler = make_sampler(
+            "vllm",
+            SamplerInputs(
+                inputs.tokenizer,
+                model_path=start_path,
+                vllm=v,
+                dtype=engine_dtype(cfg),
+                seed=cfg.seed,
+                on_gpu=on_gpu,
+                kv_cache_bytes=engine_kv_cache_bytes(inputs, on_gpu),
+                distributed=inputs.info.world_size > 1,
+                trust_remote_code=cfg.model.trust_remote_code,
+            ),
         )
+        self.engine = self.sampler.engine
         # Outside a rollout the engine sleeps (sleep mode); level 2 drops the weights it was
         # started with, so the first session sends them.
         self.engine.sleep()
@@ -248,31 +266,8 @@ class VLLMRolloutEngine:
             self.engine.load_weights(weights)
         self.stale = False
 
-    def generate(
-        self,
-        problems: Sequence[Any],
-        *,
-        num_samples: int,
-        max_new_tokens: int,
-        temperature: float,
-        seed: int,
-    ) -> Rollout:
-        return self.engine.sample_rollouts(
-            self.tokenizer,
-            problems,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-        )
-
     def metrics(self) -> dict[str, float]:
         return {"time/weight_sync_s": self.sync_s}
-
-    def close(self) -> None:
-        """Shut the engine down; vLLM's teardown leaves the process group too (the run's
-        last collective is over by then)."""
-        self.engine.close()
 
 
 def engine_dtype(cfg: TrainConfig) -> str:
