@@ -1,8 +1,10 @@
 """Rollout tokens/s on a real model (issue 27, items 1 and 2): four generators side by side.
 
 - ``ours``: :func:`gmts.sampling.rollout.generate_rollouts` (the trainer's ``hf`` engine);
-- ``ours_prepacked``: the same with ``prepack=True`` (oneDNN-prepacked linear weights while
-  sampling: :mod:`gmts.sampling.packed_linear`);
+- ``ours_inverse_cdf``: the same with ``draw="inverse_cdf"`` (``rollout.draw``: one random
+  number per row instead of one per vocabulary entry, :mod:`gmts.sampling.draws`);
+- ``ours_fast``: ``draw="inverse_cdf"`` and ``prepack=True`` (``rollout.prepack_weights``:
+  oneDNN-prepacked linear weights while sampling, :mod:`gmts.sampling.packed_linear`);
 - ``generate``: transformers' ``model.generate`` (what TRL samples with), plain softmax;
 - ``vllm_plain``: ``LLM.generate`` with one plain request per row (no seed, no log-probs);
 - ``vllm_engine``: :meth:`gmts.sampling.vllm_engine.VLLMEngine.sample` as the trainer calls it
@@ -44,11 +46,12 @@ from bench_common import (
     write_result,
 )
 
-CONTENDERS = ("ours", "ours_prepacked", "generate", "vllm_plain", "vllm_engine")
+CONTENDERS = ("ours", "ours_inverse_cdf", "ours_fast", "generate", "vllm_plain", "vllm_engine")
 RATIOS = {
     "ours_vs_generate": ("ours", "generate"),
-    "prepacked_vs_generate": ("ours_prepacked", "generate"),
-    "prepacked_vs_ours": ("ours_prepacked", "ours"),
+    "fast_vs_generate": ("ours_fast", "generate"),
+    "inverse_cdf_vs_ours": ("ours_inverse_cdf", "ours"),
+    "prepack_effect": ("ours_fast", "ours_inverse_cdf"),
     "engine_vs_plain": ("vllm_engine", "vllm_plain"),
 }
 QUESTIONS = [(12, 35), (47, 58), (23, 91), (64, 17), (88, 29), (31, 76), (55, 44), (19, 83)]
@@ -126,7 +129,7 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
         input_ids[i, width - len(ids) :] = torch.tensor(ids)
         attention[i, width - len(ids) :] = 1
 
-    def ours(seed: int, prepack: bool = False) -> int:
+    def ours(seed: int, prepack: bool = False, draw: str = "multinomial") -> int:
         roll = generate_rollouts(
             model,
             tokenizer,
@@ -137,11 +140,15 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
             seed=seed,
             stop_token_ids=[stop],
             prepack=prepack,
+            draw=draw,
         )
         return int(roll.response_lengths.sum())
 
-    def ours_prepacked(seed: int) -> int:
-        return ours(seed, prepack=True)
+    def ours_inverse_cdf(seed: int) -> int:
+        return ours(seed, draw="inverse_cdf")
+
+    def ours_fast(seed: int) -> int:
+        return ours(seed, prepack=True, draw="inverse_cdf")
 
     def generate(seed: int) -> int:
         torch.manual_seed(seed)
@@ -165,7 +172,12 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
         )
         return int(first.sum())
 
-    fns = {"ours": ours, "ours_prepacked": ours_prepacked, "generate": generate}
+    fns = {
+        "ours": ours,
+        "ours_inverse_cdf": ours_inverse_cdf,
+        "ours_fast": ours_fast,
+        "generate": generate,
+    }
     skipped: dict[str, str] = {}
     engine = None
     start_s = None

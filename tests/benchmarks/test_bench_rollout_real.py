@@ -32,12 +32,12 @@ def run_quick(tmp_path: Path) -> dict:
     assert record["quick"] is True and record["commit"] and record["command"]
     assert record["machine"]["uptime"] and len(record["load_before"]) == 3
     result = record["results"]["float32"]
-    for name in ("ours", "ours_prepacked", "generate"):
+    for name in ("ours", "ours_inverse_cdf", "ours_fast", "generate"):
         row = result["contenders"][name]
         assert row["tokens_per_s_median"] > 0
         # 8 rows of at most 4 tokens (a random model may sample the stop id before)
         assert 0 < row["tokens_per_call"][0] <= 8 * 4
-    for ratio in ("ours_vs_generate", "prepacked_vs_generate", "prepacked_vs_ours"):
+    for ratio in ("ours_vs_generate", "fast_vs_generate", "inverse_cdf_vs_ours", "prepack_effect"):
         assert result["ratios"][ratio]["median"] > 0
     return result
 

@@ -45,7 +45,7 @@ def test_quick_rollout_benchmark(tmp_path):
 
 @pytest.mark.slow
 def test_quick_real_model_rollout_benchmark(tmp_path):
-    """benchmarks/bench_rollout_real.py --quick with vLLM: all five contenders measured."""
+    """benchmarks/bench_rollout_real.py --quick with vLLM: all six contenders measured."""
     spec = importlib.util.spec_from_file_location(
         "gmts_test_bench_rollout_real",
         Path(__file__).resolve().parents[1] / "benchmarks" / "test_bench_rollout_real.py",

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from gmts.sampling.draws import DRAWS, Draw
 from gmts.sampling.packed_linear import prepacked_linears
 from gmts.sampling.sequences import PromptResponse, position_ids_from_mask
 
@@ -230,7 +231,7 @@ def _left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
 
 
 def _next_token(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator
+    logits: torch.Tensor, temperature: float, generator: torch.Generator, draw: Draw
 ) -> torch.Tensor:
     """(b, V) logits -> (b,) tokens; temperature 0 means greedy.
 
@@ -243,7 +244,7 @@ def _next_token(
     if temperature != 1.0:
         scaled.div_(temperature)
     probs = torch.softmax(scaled, dim=-1)  # (b, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return draw(probs, generator)
 
 
 def resolve_stop_ids(
@@ -383,7 +384,16 @@ def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Paramete
 
 
 def _sample_cache_loop(
-    model, prompt_ids, prompt_mask, *, max_new_tokens, temperature, generator, stop_ids, pad_id
+    model,
+    prompt_ids,
+    prompt_mask,
+    *,
+    max_new_tokens,
+    temperature,
+    generator,
+    draw,
+    stop_ids,
+    pad_id,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,).
 
@@ -422,7 +432,7 @@ def _sample_cache_loop(
     lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
     tokens: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        token = _next_token(logits, temperature, generator)  # (b,)
+        token = _next_token(logits, temperature, generator, draw)  # (b,)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token)
         stopped_now = torch.isin(token, stop_ids) & ~finished
@@ -457,6 +467,7 @@ def generate_rollouts(
     add_special_tokens: bool = False,
     stop_token_ids: Sequence[int] | None = None,
     prepack: bool = False,
+    draw: str = "multinomial",
 ) -> Rollout:
     """Sample ``num_samples`` completions for each problem.
 
@@ -479,6 +490,10 @@ def generate_rollouts(
             weights while sampling (:mod:`gmts.sampling.packed_linear`: faster decoding steps,
             one more copy of those weights in memory, logits equal up to rounding); a no-op on
             other devices and builds.
+        draw: how a token is drawn from a row's probabilities, a name in
+            :data:`gmts.sampling.draws.DRAWS` (``multinomial``: ``torch.multinomial``, the
+            stream of every earlier release; ``inverse_cdf``: one uniform number per row, much
+            cheaper on a large vocabulary; the same distribution, other tokens for a seed).
 
     Returns:
         A ``Rollout`` of B = Q * G rows on the model's device.
@@ -491,6 +506,7 @@ def generate_rollouts(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    draw_token = DRAWS.get(draw)
     eos_id = tokenizer.eos_token_id
     if eos_id is None and not stop_token_ids:
         raise ValueError("tokenizer must define an eos token (or pass stop_token_ids)")
@@ -524,6 +540,7 @@ def generate_rollouts(
                     max_new_tokens=max_new_tokens,
                     temperature=float(temperature),
                     generator=generator,
+                    draw=draw_token,
                     stop_ids=torch.tensor(stop, dtype=torch.long, device=device),
                     pad_id=pad_id,
                 )

@@ -34,6 +34,9 @@ class SamplerInputs:
         tokenizer: encodes the prompts and decodes the completions.
         model: hf: the loaded causal LM to sample from.
         batch_size: hf: at most this many rows per forward pass (None: all at once).
+        draw: hf: how a token is drawn (:data:`gmts.sampling.draws.DRAWS`).
+        prepack: hf: multiply against oneDNN-prepacked linear weights on a CPU
+            (:mod:`gmts.sampling.packed_linear`).
         model_path: vllm: the model folder the engine starts from.
         vllm: vllm: the engine's settings.
         dtype, seed, on_gpu, kv_cache_bytes, distributed, trust_remote_code: vllm: the
@@ -43,6 +46,8 @@ class SamplerInputs:
     tokenizer: Any
     model: torch.nn.Module | None = None
     batch_size: int | None = None
+    draw: str = "multinomial"
+    prepack: bool = False
     model_path: str | os.PathLike[str] | None = None
     vllm: VLLMConfig | None = None
     dtype: str = "auto"
@@ -130,6 +135,8 @@ class HFSampler(_SamplerBase):
         self.model = inputs.model
         self.tokenizer = inputs.tokenizer
         self.batch_size = inputs.batch_size
+        self.draw = inputs.draw
+        self.prepack = inputs.prepack
 
     @property
     def generation_config(self) -> Any:
@@ -139,7 +146,12 @@ class HFSampler(_SamplerBase):
         from gmts.sampling import rollout  # looked up at the call (tests count its calls)
 
         return functools.partial(
-            rollout.generate_rollouts, self.model, self.tokenizer, batch_size=self.batch_size
+            rollout.generate_rollouts,
+            self.model,
+            self.tokenizer,
+            batch_size=self.batch_size,
+            draw=self.draw,
+            prepack=self.prepack,
         )
 
     def close(self) -> None:

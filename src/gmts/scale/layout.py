@@ -59,6 +59,8 @@ class PlanSettings:
         reference: a separate frozen reference model is kept (KL > 0 without LoRA).
         lora: the LoRA adapters trained (None: full fine-tuning).
         engine: ``rollout.engine`` (hf or vllm).
+        prepacked_weights: hf: ``rollout.prepack_weights`` (a packed copy of the linear
+            weights while sampling).
         engine_dtype: vllm: the engine's dtype, resolved (float32 / bfloat16 / float16).
         engine_memory_fraction: vllm: ``gpu_memory_utilization``.
         engine_kv_bytes: vllm: ``kv_cache_gib`` in bytes, or None.
@@ -83,6 +85,7 @@ class PlanSettings:
     reference: bool = False
     lora: LoraConfig | None = None
     engine: str = "hf"
+    prepacked_weights: bool = False
     engine_dtype: str = "float32"
     engine_memory_fraction: float = 0.5
     engine_kv_bytes: float | None = None
@@ -107,7 +110,11 @@ class PlanSettings:
         ``gpu``: planned for GPUs (decides vLLM's sleep mode), ``device_bytes``: their memory."""
         r = cfg.rollout
         rows = r.questions_per_batch // world_size * r.group_size
-        engine: dict[str, Any] = {"engine": r.engine, "device_bytes": device_bytes}
+        engine: dict[str, Any] = {
+            "engine": r.engine,
+            "device_bytes": device_bytes,
+            "prepacked_weights": r.prepack_weights,
+        }
         if r.engine == "vllm":
             v = r.vllm
             rows_at_once = v.max_num_seqs or rows

@@ -6,8 +6,10 @@ bytes each rank needs in the four phases of a training step and takes the larges
 
 - **rollout**: master weights + AdamW state (+ a LoRA run's frozen base) (+ the reference
   model) + the copy of the weights
-  that sampling runs on + the KV cache of ``generation_batch_size`` rows of prompt + response
-  + the prefill's working set; with ``rollout.engine=vllm`` the engine instead (below);
+  that sampling runs on (+ the prepacked linear weights with ``rollout.prepack_weights``: every
+  decoder layer's parameters and the output projection, float32) + the KV cache of
+  ``generation_batch_size`` rows of prompt + response + the prefill's working set; with
+  ``rollout.engine=vllm`` the engine instead (below);
 - **scoring** (old / reference log-probs, no grad): weights + one micro-batch's logits;
 - **update** (forward + backward of one micro-batch): weights + gradients + AdamW state + the
   compute copy + saved activations + the logits and their gradient + the float32 blocks of
@@ -176,19 +178,13 @@ def plan_memory(config: Any, settings: PlanSettings) -> MemoryPlan:
         base = {k: v for k, v in resident.items() if k != "vllm engine"}
         rollout = {**base, **engine, "working set": sample_logits}
     else:
+        sampling = {**resident, "sampling copy": layout.sampling_copy}
+        if s.prepacked_weights:  # every decoder layer and the output projection, float32
+            packed = (shape.layers * shape.layer_params + shape.vocab * shape.hidden) * 4
+            sampling["prepacked weights"] = float(packed)
         rollout = _peak(
-            {
-                **resident,
-                "sampling copy": layout.sampling_copy,
-                "KV cache": kv_full,
-                "working set": sample_logits,
-            },  # the last decoding step
-            {
-                **resident,
-                "sampling copy": layout.sampling_copy,
-                "KV cache": kv_prompt,
-                "working set": prefill,
-            },  # the prefill of the prompts
+            {**sampling, "KV cache": kv_full, "working set": sample_logits},  # last decoding step
+            {**sampling, "KV cache": kv_prompt, "working set": prefill},  # the prompts' prefill
         )
     phases = {  # each phase: the larger of the moments it passes through
         "rollout": rollout,

@@ -198,6 +198,20 @@ class RolloutConfig:
         "Sequences generated at once (null: the whole batch). The hf engine's; vllm schedules "
         "its own (rollout.vllm.max_num_seqs).",
     )
+    draw: str = _f(
+        "multinomial",
+        "The hf engine: how a token is drawn from its probabilities (gmts.sampling.draws): "
+        "multinomial (torch.multinomial, one random number per vocabulary entry, the stream "
+        "of every earlier release) or inverse_cdf (one per row: the same distribution, other "
+        "tokens for a seed, cheaper on a large vocabulary: docs/results.md section 8). vllm "
+        "draws with its own sampler.",
+    )
+    prepack_weights: bool = _f(
+        False,
+        "The hf engine on a CPU: multiply against oneDNN-prepacked copies of the float32 "
+        "linear weights while sampling (gmts.sampling.packed_linear: one more copy of them "
+        "during the rollout, counted by the memory plan; logits equal up to rounding).",
+    )
     dynamic_sampling: bool | None = _f(
         None,
         "Drop groups whose raw rewards (before the overlong penalty) are all equal and sample "
@@ -275,6 +289,20 @@ class RolloutConfig:
             "needs a separate inference engine (rollout.engine=vllm): the hf engine samples with "
             "the policy itself, so there is nothing to correct",
         )
+        from gmts.sampling.draws import DRAWS
+
+        _check(
+            self.draw in DRAWS.names(),
+            "rollout.draw",
+            f"expected one of {DRAWS.names()}, got {self.draw!r}",
+        )
+        for name, default in (("draw", "multinomial"), ("prepack_weights", False)):
+            _check(
+                getattr(self, name) == default or self.engine == "hf",
+                f"rollout.{name}",
+                "is a setting of the hf engine; rollout.engine=vllm samples with vLLM's own "
+                "sampler and weights",
+            )
 
 
 @dataclass

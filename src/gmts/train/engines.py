@@ -187,6 +187,8 @@ class HFEngine(_SamplerEngine):
                 inputs.tokenizer,
                 model=inputs.model,
                 batch_size=inputs.cfg.rollout.generation_batch_size,
+                draw=inputs.cfg.rollout.draw,
+                prepack=inputs.cfg.rollout.prepack_weights,
             ),
         )
 
@@ -328,9 +330,19 @@ def available_engines() -> list[str]:
 
 
 def check_engine(cfg: TrainConfig, device: torch.device) -> None:
-    """What can be checked about the engine on this machine before any model loads: vllm is
-    installed, its sleep mode has a GPU, the engine may run in this process. (The config
-    itself does not ask for vllm: ``gmts plan`` plans a vllm run anywhere.)"""
+    """What can be checked about the engine on this machine before any model loads: hf's
+    ``rollout.prepack_weights`` has a CPU with oneDNN; vllm is installed, its sleep mode has a
+    GPU, the engine may run in this process. (The config itself does not ask for vllm or a
+    CPU: ``gmts plan`` plans any run anywhere.)"""
+    if cfg.rollout.prepack_weights:
+        from gmts.sampling.packed_linear import can_prepack
+
+        if not can_prepack(device) or cfg.model.dtype != "float32":
+            raise ValueError(
+                "rollout.prepack_weights=true packs float32 linear weights for a CPU with "
+                f"oneDNN; this run has device {device.type}, model.dtype={cfg.model.dtype}"
+                + ("" if torch.backends.mkldnn.is_available() else ", no oneDNN in this torch")
+            )
     if cfg.rollout.engine != "vllm":
         return
     from gmts.sampling.vllm_engine import check_engine_can_start
