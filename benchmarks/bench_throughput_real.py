@@ -43,6 +43,8 @@ steps, about 4 x (70 + 65 + 70 + 10) s + start-up: ~15 minutes on the 2-core mac
       .venv-vllm/bin/python benchmarks/bench_throughput_real.py --steps 4
     python benchmarks/bench_throughput_real.py --quick   # random tiny llama, under a minute
 
+``--hf-set KEY=VALUE`` adds one to the hf trainer only (its sampler's speed settings,
+``rollout.draw`` and ``rollout.prepack_weights``, which the vllm engine refuses).
 ``--set KEY=VALUE`` adds a gmts override (e.g. ``logging.overlap_metrics=false``: the shipped
 config logs the GMTS-vs-ETS overlap, which TRL does not compute); a setting TRL cannot mirror
 stops the run before any model loads.
@@ -123,7 +125,8 @@ def gmts_overrides(args: argparse.Namespace, engine: str, run_dir: Path) -> list
     out += [f"{k}={v}" for k, v in shape.items() if v is not None]
     if args.questions is not None or args.group_size is not None:
         out.append("optim.micro_batch_size=1000000")  # one micro-batch: a single pass, as TRL
-    return out + list(args.set or [])
+    out += list(args.set or [])
+    return out + list(args.hf_set or []) if engine == "hf" else out
 
 
 def check_trl_can_match(cfg: Any) -> None:
@@ -592,6 +595,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a further override of the gmts config (repeatable; TRL mirrors what it can and "
         "the run stops where it cannot), e.g. logging.overlap_metrics=false",
     )
+    parser.add_argument(
+        "--hf-set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an override of the hf trainer only (repeatable), e.g. its sampler's speed "
+        "settings rollout.draw=inverse_cdf, rollout.prepack_weights=true",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR)
     parser.add_argument("--model", help=argparse.SUPPRESS)  # set by --quick (internal)
     parser.add_argument("--dataset", help=argparse.SUPPRESS)  # set by --quick (internal)
@@ -613,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     from gmts.train.config import load_config
 
     try:  # a bad config or --set fails here, before any model loads
-        check_trl_can_match(load_config(args.config, list(args.set or [])))
+        overrides = [*(args.set or []), "rollout.engine=hf", *(args.hf_set or [])]
+        check_trl_can_match(load_config(args.config, overrides))
     except ValueError as exc:
         parser.error(str(exc))
     if args.quick:
@@ -634,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
                 command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         for override in args.set or []:
             command += ["--set", override]
+        for override in args.hf_set or []:
+            command += ["--hf-set", override]
         path = Path(tmp) / "child.json"
         subprocess.run([*command, "--child", str(path)], check=True, env=child_env(args.threads))
         child = json.loads(path.read_text())

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -101,3 +102,28 @@ def test_trl_cannot_mirror_a_gmts_selection_it_lacks():
     with pytest.raises(ValueError, match="TRL has ETS only"):
         bench.check_trl_can_match(cfg)
     bench.check_trl_can_match(load_config(bench.DEFAULT_CONFIG))  # the shipped config
+
+
+def test_hf_only_overrides_reach_the_hf_trainer_only(tmp_path):
+    """``--hf-set`` (the hf sampler's speed settings, which the vllm engine refuses) lands in
+    the hf trainer's overrides and not the vllm one's; a bad one fails before any work."""
+    bench = _bench()
+    args = SimpleNamespace(
+        threads=2,
+        steps=2,
+        model=None,
+        dataset=None,
+        questions=None,
+        group_size=None,
+        new_tokens=None,
+        max_prompt_length=None,
+        set=["logging.overlap_metrics=false"],
+        hf_set=["rollout.draw=inverse_cdf"],
+    )
+    hf = bench.gmts_overrides(args, "hf", tmp_path / "hf")
+    vllm = bench.gmts_overrides(args, "vllm", tmp_path / "vllm")
+    assert "rollout.draw=inverse_cdf" in hf and "rollout.draw=inverse_cdf" not in vllm
+    assert "logging.overlap_metrics=false" in hf and "logging.overlap_metrics=false" in vllm
+    with pytest.raises(SystemExit):
+        bench.main(["--hf-set", "rollout.draw=gumbel", "--out", str(tmp_path)])
+    assert not (tmp_path / "throughput_real.json").exists()
