@@ -215,3 +215,29 @@ def _engine_roll(tmp_path: Path, model, tokenizer, problems, *overrides: str, nu
             temperature=1.0,
             seed=3,
         )
+
+
+@pytest.mark.skipif(not can_prepack("cpu"), reason="this torch build has no oneDNN")
+def test_trainer_runs_with_both_settings_and_repeats_itself(tmp_path):
+    """``Trainer.run`` (what ``gmts train`` calls) end to end with ``rollout.draw=inverse_cdf``
+    and ``rollout.prepack_weights=true``: it trains (the weights move, no step skipped), and a
+    second run with the same seed logs the same rewards and token counts; the linear layers'
+    own forwards are back after every rollout."""
+    from gmts.train.metrics_log import read_metrics
+    from gmts.train.trainer import Trainer
+
+    model_dir = _tiny.save_tiny_model(tmp_path / "model")
+    settings = ("rollout.draw=inverse_cdf", "rollout.prepack_weights=true")
+    rows = []
+    for run in ("a", "b"):
+        cfg = _tiny.small_config(model_dir, tmp_path / run, *settings)
+        trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
+        before = _tiny.params_vector(trainer.model)
+        trainer.run()
+        assert not torch.equal(before, _tiny.params_vector(trainer.model))
+        assert not any("forward" in vars(m) for m in trainer.model.modules())
+        rows.append(read_metrics(tmp_path / run))
+    assert [r["step"] for r in rows[0]] == [1, 2]
+    for a, b in zip(*rows):
+        assert a["update/skipped_nonfinite"] == 0
+        assert (a["reward/mean"], a["response/tokens"]) == (b["reward/mean"], b["response/tokens"])
