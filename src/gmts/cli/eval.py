@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gmts.eval.harness import EvalConfig
+    from gmts.eval.report import EvalReport
+    from gmts.eval.results_store import ResultsStore
 
 DEFAULT_BATCH_SIZE = {"hf": 64, "vllm": 8192}
 """Sequences per generation call: vLLM schedules its own batches, so it gets many prompts."""
@@ -142,44 +149,88 @@ def _default_name(model: str) -> str:
     return path.name
 
 
+class _Refused(Exception):
+    """A bad argument or input, reported as one line before any model loads."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one checked ``gmts eval`` run will do."""
+
+    model_path: str
+    benchmarks: list[str]
+    config: EvalConfig
+    name: str
+    out: Path
+
+
 def run(args: argparse.Namespace) -> int:
+    """The command: print tables, or check everything cheap, load the model and evaluate."""
+    try:
+        if args.table:
+            return _print_tables(args.table)
+        plan = _checked_plan(args)
+        store = _results_store(args, plan)
+        if args.threads is not None:
+            _set_threads(args.threads)
+        report = _evaluate(args, plan, store)
+    except _Refused as err:
+        return _error(str(err))
+    from gmts.eval.report import write_report
+
+    write_report(report, plan.out)
+    print(report.table())
+    print(f"per-question results: {plan.out}", file=sys.stderr)
+    return 0
+
+
+def _print_tables(paths: list[str]) -> int:
     from gmts.eval.report import format_table, load_summary
 
-    if args.table:
-        try:
-            summaries = [load_summary(p) for p in args.table]
-        except (OSError, ValueError, KeyError) as err:
-            return _error(str(err))
-        print(format_table(summaries))
-        return 0
+    try:
+        summaries = [load_summary(p) for p in paths]
+    except (OSError, ValueError, KeyError) as err:
+        raise _Refused(str(err)) from err
+    print(format_table(summaries))
+    return 0
 
-    from gmts.eval.benchmarks import (
-        BUILTIN_PREFIX,
-        FileFields,
-        code_sandbox,
-        get_spec,
-        parse_benchmarks,
-        verifier_override,
-    )
-    from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_settings
-    from gmts.eval.results_store import ResultsStore
+
+def _checked_plan(args: argparse.Namespace) -> _Plan:
+    """The run's settings, with every check that needs no model weights made now: the threads,
+    the model folder, the benchmarks and their files, the sandbox, the context fit and the
+    vLLM start."""
+    if args.threads is not None and args.threads < 1:
+        raise _Refused(f"--threads must be >= 1, got {args.threads}")
+    model_path, benchmarks, config = _settings(args)
+    _check_data_files(args, benchmarks)
+    _check_context_fit(args, model_path, benchmarks)
+    name = args.name or _default_name(args.model)
+    out = Path(args.out) if args.out else Path(f"eval-{name}.json")
+    if args.backend == "vllm":  # the checks the backend makes too, before any file is written
+        _check_vllm_can_start()
+    return _Plan(model_path, benchmarks, config, name, out)
+
+
+def _settings(args: argparse.Namespace) -> tuple[str, list[str], EvalConfig]:
+    """The model folder, the benchmark names and the harness's config, each checked."""
+    from gmts.eval.benchmarks import FileFields, code_sandbox, parse_benchmarks, verifier_override
+    from gmts.eval.harness import EvalConfig
     from gmts.models.loading import ModelPathError, resolve_model_path
     from gmts.rewards import SandboxUnavailableError
 
-    # Validate everything cheap before loading a model.
     if not args.model:
-        return _error("--model is required (a model folder, checkpoint or run folder)")
+        raise _Refused("--model is required (a model folder, checkpoint or run folder)")
+    if args.verifier is not None and args.reward not in (None, args.verifier):
+        raise _Refused(
+            f"--reward {args.reward} and --verifier {args.verifier} both say how your file "
+            "is scored (--verifier scores every benchmark of the run); give one"
+        )
     try:
         model_path = resolve_model_path(args.model)
         if args.backend == "vllm":
             from gmts.eval.backends import check_whole_model
 
             check_whole_model(model_path, "the vllm backend")
-        if args.verifier is not None and args.reward not in (None, args.verifier):
-            return _error(
-                f"--reward {args.reward} and --verifier {args.verifier} both say how your file "
-                "is scored (--verifier scores every benchmark of the run); give one"
-            )
         file_fields = FileFields(
             question_field=args.question_field,
             answer_field=args.answer_field,
@@ -204,29 +255,38 @@ def run(args: argparse.Namespace) -> int:
         )
         for bench in benchmarks:  # a code benchmark under --verifier is refused now
             verifier_override(bench, config.verifier)
-    except (ModelPathError, SandboxUnavailableError) as err:
-        return _error(str(err))
-    except ValueError as err:
-        return _error(str(err))
+    except (ModelPathError, SandboxUnavailableError, ValueError) as err:
+        raise _Refused(str(err)) from err
+    return model_path, benchmarks, config
+
+
+def _check_data_files(args: argparse.Namespace, benchmarks: list[str]) -> None:
+    """Find every dataset file now, rather than after minutes of loading."""
+    from gmts.eval.benchmarks import BUILTIN_PREFIX, get_spec
+
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        return _error(f"--data-dir {args.data_dir} is not a folder")
+        raise _Refused(f"--data-dir {args.data_dir} is not a folder")
     dataset_names = [b for b in benchmarks if not b.startswith(BUILTIN_PREFIX)]
-    if dataset_names:  # find every file now rather than after minutes of loading
-        import warnings
+    if not dataset_names:
+        return
+    import warnings
 
-        from gmts.data.benchmarks import read_benchmark
+    from gmts.data.benchmarks import read_benchmark
 
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # bad rows are reported once, by the real load
-                for bench in dataset_names:
-                    read_benchmark(get_spec(bench), data_dir=args.data_dir, limit=1)
-        except (OSError, ValueError) as err:
-            return _error(str(err))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # bad rows are reported once, by the real load
+            for bench in dataset_names:
+                read_benchmark(get_spec(bench), data_dir=args.data_dir, limit=1)
+    except (OSError, ValueError) as err:
+        raise _Refused(str(err)) from err
 
+
+def _check_context_fit(args: argparse.Namespace, model_path: str, benchmarks: list[str]) -> None:
+    """Prompt + budget must fit the model's context: checked before loading weights."""
     from gmts.eval.backends import check_benchmarks_fit
 
-    try:  # prompt + budget must fit the model's context: checked before loading weights
+    try:
         check_benchmarks_fit(
             model_path,
             benchmarks,
@@ -235,65 +295,61 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
         )
     except (OSError, ValueError) as err:
-        return _error(str(err))
+        raise _Refused(str(err)) from err
 
-    name = args.name or _default_name(args.model)
-    out = Path(args.out) if args.out else Path(f"eval-{name}.json")
-    if args.backend == "vllm":  # the checks the backend makes too, before any file is written
-        import torch
 
-        from gmts.sampling.vllm_engine import VLLMConfig, check_engine_can_start
+def _check_vllm_can_start() -> None:
+    import torch
 
-        try:
-            check_engine_can_start(
-                VLLMConfig(), on_gpu=torch.cuda.is_available(), who="--backend vllm"
-            )
-        except ValueError as err:
-            return _error(f"{err}; or use --backend hf")
+    from gmts.sampling.vllm_engine import VLLMConfig, check_engine_can_start
 
     try:
-        store = ResultsStore(
-            partial_results_path(out),
-            store_settings(str(Path(model_path).resolve()), args.backend, config),
-            fresh=args.fresh,
-        )
+        check_engine_can_start(VLLMConfig(), on_gpu=torch.cuda.is_available(), who="--backend vllm")
+    except ValueError as err:
+        raise _Refused(f"{err}; or use --backend hf") from err
+
+
+def _results_store(args: argparse.Namespace, plan: _Plan) -> ResultsStore:
+    """The per-question results file a killed run continues from (its settings must match)."""
+    from gmts.eval.harness import partial_results_path, store_settings
+    from gmts.eval.results_store import ResultsStore
+
+    settings = store_settings(str(Path(plan.model_path).resolve()), args.backend, plan.config)
+    try:
+        return ResultsStore(partial_results_path(plan.out), settings, fresh=args.fresh)
     except ValueError as err:  # other settings, or not a results file
-        return _error(str(err))
+        raise _Refused(str(err)) from err
 
-    if args.threads is not None:
-        if args.threads < 1:
-            return _error(f"--threads must be >= 1, got {args.threads}")
-        import torch
 
-        torch.set_num_threads(args.threads)
+def _set_threads(threads: int) -> None:
+    import torch
 
+    torch.set_num_threads(threads)
+
+
+def _evaluate(args: argparse.Namespace, plan: _Plan, store: ResultsStore) -> EvalReport:
+    """Load the model on the chosen backend and evaluate every benchmark."""
     from gmts.eval.backends import BackendOptions, make_backend
+    from gmts.eval.harness import evaluate
 
     options = BackendOptions(
-        model_path,
+        plan.model_path,
         device=args.device,
         dtype=args.dtype,
-        batch_size=config.batch_size,
+        batch_size=plan.config.batch_size,
         seed=args.seed,
     )
-    print(f"loading {model_path} ({args.backend} backend)", file=sys.stderr)
+    print(f"loading {plan.model_path} ({args.backend} backend)", file=sys.stderr)
     backend = make_backend(args.backend, options)
     try:
-        report = evaluate(
+        return evaluate(
             backend,
-            benchmarks,
-            config,
-            model_name=name,
-            model_id=str(Path(model_path).resolve()),
+            plan.benchmarks,
+            plan.config,
+            model_name=plan.name,
+            model_id=str(Path(plan.model_path).resolve()),
             results_path=store,
             progress=not args.no_progress,
         )
     except (OSError, ValueError) as err:  # unreadable data files, reported by the loaders
-        return _error(str(err))
-
-    from gmts.eval.report import write_report
-
-    write_report(report, out)
-    print(report.table())
-    print(f"per-question results: {out}", file=sys.stderr)
-    return 0
+        raise _Refused(str(err)) from err
