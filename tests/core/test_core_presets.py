@@ -455,3 +455,24 @@ def test_bottom_selection_keeps_zero_scores_in_s():
         selected, grad = _first_grpo_step(cfg, lp, adv, mask, entropy)
         assert torch.equal(selected, expected), rule
         torch.testing.assert_close(grad, torch.where(expected, -omega / k, 0.0))
+
+
+def test_engines_build_the_loss_from_the_selection_only():
+    """normalize and kl_tokens are set on SelectionConfig (docs/architecture.md): outside the
+    core's loss module, src/ builds a LossConfig only with LossConfig.of, never field by field."""
+    import ast
+    from pathlib import Path
+
+    src = Path(gmts.__file__).resolve().parent
+    direct = []
+    for path in sorted(src.rglob("*.py")):
+        if path == src / "core" / "loss.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", getattr(node.func, "attr", None))
+                if name == "LossConfig":
+                    direct.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert direct == [], f"LossConfig built field by field (use LossConfig.of): {direct}"
+    uses = [p for p in src.rglob("*.py") if "LossConfig.of(" in p.read_text()]
+    assert len(uses) >= 3, uses  # the trainer, TRL and verl
