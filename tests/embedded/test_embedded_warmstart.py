@@ -27,7 +27,8 @@ def test_warm_start_writes_a_loadable_cached_dir(tmp_path, monkeypatch):
 
     path = warm_start("addition", cache_dir=tmp_path, config=SMALL, progress=False)
     assert path.parent == tmp_path and path.is_dir()
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary dir left behind
+    left = sorted(p.name for p in tmp_path.iterdir())  # no temporary dir left behind
+    assert left == [f".{path.name}.lock", path.name]  # the lock file of _one_builder stays
     info = json.loads((path / "warmstart.json").read_text())
     assert info["settings"]["config"]["steps"] == 3
     assert info["settings"]["config"]["noise"] == pytest.approx(0.3)
@@ -190,11 +191,15 @@ def test_evaluate_task_bookkeeping(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_warm_start_stops_early_with_headroom(tmp_path):
+def test_default_warm_start_stops_early_with_headroom():
     """The default recipe stops at its check and leaves RL room (seed 0 on one AVX-512 machine:
     945 steps, check mean 0.35, held-out avg@16 0.10, greedy 0.36; with its AVX2 kernels 814
-    steps, 0.36, 0.11, 0.45)."""
-    path = warm_start("addition", cache_dir=tmp_path, progress=False)
+    steps, 0.36, 0.11, 0.45).
+
+    The model is the one in the default cache ($GMTS_CACHE), which the demo and
+    test_eval_cli.py's warm-started test use too: the test script gives each checkout one
+    cache, so a fresh clone (CI) trains it once, here or there, instead of twice."""
+    path = warm_start("addition", progress=False)
     info = json.loads((path / "warmstart.json").read_text())
     assert info["check_accuracy"] >= 0.35 and info["steps_done"] < 2000, info
     assert 0.02 <= info["average_at_n"] <= 0.2, info
@@ -222,3 +227,40 @@ def test_warm_start_batch_puts_the_loss_on_the_completion_only():
         assert lab[: task.prompt_length] == [-100] * task.prompt_length
         assert lab[task.prompt_length : n] == ids[task.prompt_length : n]
         assert lab[n:] == [-100] * (len(ids) - n) and ids[n:] == [eos] * (len(ids) - n)
+
+
+def test_a_second_caller_waits_for_the_first_builder_and_reuses_its_model(tmp_path, monkeypatch):
+    """Two processes asking for one warm start (the demo, a test suite in halves) train it once:
+    the second waits on the lock file and returns the first one's folder without training."""
+    import threading
+
+    _, _, final = warmstart._cache_entry("addition", tmp_path, 0, SMALL)
+    building, finish = threading.Event(), threading.Event()
+
+    def first_builder() -> None:  # holds the lock, then writes the result as warm_start does
+        with warmstart._one_builder(final):
+            building.set()
+            finish.wait(30)
+            final.mkdir()
+            (final / warmstart.INFO_FILE).write_text("{}")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the second caller trained")
+
+    monkeypatch.setattr(warmstart, "_train", no_training)
+    thread = threading.Thread(target=first_builder)
+    thread.start()
+    assert building.wait(30)
+    result = {}
+    second = threading.Thread(
+        target=lambda: result.setdefault(
+            "path", warm_start("addition", cache_dir=tmp_path, config=SMALL, progress=False)
+        )
+    )
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting on the lock, not training and not returning
+    finish.set()
+    thread.join(30)
+    second.join(30)
+    assert result["path"] == final

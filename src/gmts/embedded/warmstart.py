@@ -249,9 +249,36 @@ def warm_start(
         return final
 
     root.mkdir(parents=True, exist_ok=True)
-    model, tokenizer, info = _train(task_name, seed=seed, config=config, progress=progress)
-    info = {"settings": settings, "key": key, **info}
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    with _one_builder(final):  # another process building this warm start is waited for
+        if (final / INFO_FILE).is_file():
+            return final
+        model, tokenizer, info = _train(task_name, seed=seed, config=config, progress=progress)
+        info = {"settings": settings, "key": key, **info}
+        _write_atomically(final, model, tokenizer, info)
+    return final
+
+
+@contextmanager
+def _one_builder(final: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``final``'s lock file (``fcntl.flock``: released when the
+    process ends, however it ends), so two processes asking for the same warm start train it
+    once. Where ``fcntl`` is missing (Windows) both train; the atomic rename keeps one."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(final.parent / f".{final.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write_atomically(final: Path, model: Any, tokenizer: Any, info: dict[str, Any]) -> None:
+    """Save into a staging folder next to ``final``, then rename it: a reader never sees half."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         with _hf_progress_bars_off():  # ours is the only bar the user should see
             model.save_pretrained(staging)
@@ -265,7 +292,6 @@ def warm_start(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return final
 
 
 def load_warm_start(path: str | os.PathLike[str]) -> tuple[Any, Any, dict[str, Any]]:
