@@ -31,7 +31,11 @@ NEEDS = {
 def _pytest_paths(venv: str) -> list[Path]:
     """The paths on scripts/test.sh's pytest command run with ``venv``'s python."""
     text = (REPO / "scripts" / "test.sh").read_text().replace("\\\n", " ")
-    lines = [line for line in text.splitlines() if line.startswith(f"{venv}/bin/python -m pytest")]
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip().startswith(f"{venv}/bin/python -m pytest")
+    ]
     assert len(lines) == 1, (venv, lines)
     words = shlex.split(lines[0])
     return [REPO / w for w in words if w.startswith("tests/")]
