@@ -146,48 +146,19 @@ def analyze_rollout(
     advantages = group_advantages(rewards, G, std_normalize=std_normalize).float()  # (B,)
 
     params = trainable_parameters(model)
-    input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-    response_mask = rollout.response_mask.bool()
-    logprob = torch.zeros(B, T)
-    entropy = torch.zeros(B, T)
-    logit_grad = torch.zeros(B, T)
-    grad_logprob = torch.zeros(B, T)
-    was_training = model.training
-    model.eval()  # dropout off: the measured gradients are those of the sampling policy
-    methods_used: set[str] = set()
-    start = time.perf_counter()
-    # vmap warns when an op of the backward has no batching rule (it then loops internally:
-    # still exact, slower); such messages are kept for the report and re-emitted once each
-    with warnings.catch_warnings(record=True) as recorded:
-        warnings.simplefilter("always")
-        try:
-            rows = iter_row_gradient_norms(
-                model,
-                input_ids,
-                attention_mask,
-                response_mask,
-                params,
-                temperature=temperature,
-                method=method,
-                chunk_size=chunk_size,
-                max_chunk_bytes=max_chunk_bytes,
-            )
-            for b, logits, labels, norms, used in rows:  # (n, V), (n,), (n,)
-                n = labels.numel()
-                methods_used.add(used)
-                stats = token_statistics(logits, labels, logit_grad_norm=True)
-                logprob[b, :n] = stats.logprobs.detach().cpu()
-                entropy[b, :n] = stats.entropy.cpu()
-                logit_grad[b, :n] = stats.logit_grad_norm.cpu()
-                grad_logprob[b, :n] = norms.cpu()
-        finally:
-            model.train(was_training)
-    measure_seconds = time.perf_counter() - start
-    messages = sorted({str(w.message).splitlines()[0][:300] for w in recorded})
-    for message in messages:
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    measured = _measure_tokens(
+        model,
+        rollout,
+        params,
+        temperature=temperature,
+        method=method,
+        chunk_size=chunk_size,
+        max_chunk_bytes=max_chunk_bytes,
+    )
+    logprob, entropy, logit_grad = measured.logprob, measured.entropy, measured.logit_grad
+    grad_logprob = measured.grad_logprob
 
-    mask = response_mask.cpu()
+    mask = rollout.response_mask.bool().cpu()
     # on-policy: old = current log-probs, so r = 1 and omega = A (no KL term)
     objective = ObjectiveConfig(clip_low=clip_low, clip_high=clip_high)
     omega = gradient_coefficient(objective, logprob, logprob, advantages, mask)  # (B, T)
@@ -216,15 +187,83 @@ def analyze_rollout(
         completions=list(rollout.completions),
         answers=list(rollout.answers),
         num_samples=G,
-        timings={"measure_seconds": measure_seconds},
+        timings={"measure_seconds": measured.seconds},
         meta={
             "temperature": temperature,
             "num_parameters": sum(p.numel() for p in params),
             "omega": "on-policy (r = 1), no KL: omega = group-normalised advantage",
             "std_normalize": std_normalize,
-            "gradient_method": sorted(methods_used),
-            "warnings": messages,
+            "gradient_method": measured.methods,
+            "warnings": measured.warnings,
         },
+    )
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """Every response token's statistics and true gradient norm, ``(B, T)`` each (0 off the
+    response), with how they were computed."""
+
+    logprob: torch.Tensor
+    entropy: torch.Tensor
+    logit_grad: torch.Tensor
+    grad_logprob: torch.Tensor
+    methods: list[str]
+    seconds: float
+    warnings: list[str]
+
+
+def _measure_tokens(
+    model: torch.nn.Module,
+    rollout: Any,
+    params: list[torch.nn.Parameter],
+    *,
+    temperature: float,
+    method: str,
+    chunk_size: int | None,
+    max_chunk_bytes: int,
+) -> _Measured:
+    """Run the model over the rollout once per row, in eval mode (dropout off: the measured
+    gradients are those of the sampling policy; the mode is restored)."""
+    B, T = rollout.response_mask.shape
+    logprob, entropy = torch.zeros(B, T), torch.zeros(B, T)
+    logit_grad, grad_logprob = torch.zeros(B, T), torch.zeros(B, T)
+    was_training = model.training
+    model.eval()
+    methods_used: set[str] = set()
+    start = time.perf_counter()
+    # vmap warns when an op of the backward has no batching rule (it then loops internally:
+    # still exact, slower); such messages are kept for the report and re-emitted once each
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        try:
+            rows = iter_row_gradient_norms(
+                model,
+                rollout.input_ids,
+                rollout.attention_mask,
+                rollout.response_mask.bool(),
+                params,
+                temperature=temperature,
+                method=method,
+                chunk_size=chunk_size,
+                max_chunk_bytes=max_chunk_bytes,
+            )
+            for b, logits, labels, norms, used in rows:  # (n, V), (n,), (n,)
+                n = labels.numel()
+                methods_used.add(used)
+                stats = token_statistics(logits, labels, logit_grad_norm=True)
+                logprob[b, :n] = stats.logprobs.detach().cpu()
+                entropy[b, :n] = stats.entropy.cpu()
+                logit_grad[b, :n] = stats.logit_grad_norm.cpu()
+                grad_logprob[b, :n] = norms.cpu()
+        finally:
+            model.train(was_training)
+    seconds = time.perf_counter() - start
+    messages = sorted({str(w.message).splitlines()[0][:300] for w in recorded})
+    for message in messages:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    return _Measured(
+        logprob, entropy, logit_grad, grad_logprob, sorted(methods_used), seconds, messages
     )
 
 

@@ -119,26 +119,36 @@ def render_html(
         raise ValueError(f"selected: missing selections {missing}")
     a = analysis
     m = a.response_mask
-    scale = {}
+    scale = {}  # each score's largest value: a token's colour intensity is its score over it
     for name in SELECTION_NAMES:
         top = float(a.scores[name][m].max()) if bool(m.any()) else 0.0
         scale[name] = top if top > 0 else 1.0
+    parts = [_header(a, title, ratio)]
+    for q in range(a.num_groups):
+        rows = (a.group_ids == q).nonzero().flatten().tolist()
+        if rows:
+            parts.append(_question(a, q, rows, selected, scale))
+    names_json = json.dumps(list(SELECTION_NAMES)).replace("<", "\\u003c")
+    parts.append(f"<script type='application/json' id='names'>{names_json}</script>")
+    parts.append("<div id='hover'></div>")
+    parts.append(f"<script>{_JS}</script></body></html>")
+    return "".join(parts)
+
+
+def _header(a: TokenAnalysis, title: str, ratio: float | None) -> str:
+    """The page's head, title, run description and the two method selectors."""
     esc = html.escape
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{esc(title)}</h1>",
-    ]
     meta = a.meta
     meta_text = ", ".join(
         f"{k}: {meta[k]}" for k in ("model", "task", "questions", "samples", "seed") if k in meta
     )
     rho = f"top-{ratio:g} selections, batch scope; " if ratio is not None else ""
-    parts.append(
-        f"<div class='meta'>{esc(meta_text)}<br>{esc(rho)}{esc(str(meta.get('omega', '')))}</div>"
-    )
     options = "".join(f"<option value='{esc(n)}'>{esc(n)}</option>" for n in SELECTION_NAMES)
-    parts.append(
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{esc(title)}</h1>"
+        f"<div class='meta'>{esc(meta_text)}<br>{esc(rho)}{esc(str(meta.get('omega', '')))}</div>"
         "<div class='controls'>compare <select id='method-a'>"
         + options.replace("value='gmts'", "value='gmts' selected")
         + "</select> with <select id='method-b'>"
@@ -148,55 +158,65 @@ def render_html(
         "<span class='swatch-both'>both</span></span> <span id='status'></span>"
         " &nbsp; (hover a token for its numbers)</div>"
     )
-    for q in range(a.num_groups):
-        rows = (a.group_ids == q).nonzero().flatten().tolist()
-        if not rows:
-            continue
-        first = rows[0]
+
+
+def _question(
+    a: TokenAnalysis,
+    q: int,
+    rows: list[int],
+    selected: dict[str, torch.Tensor],
+    scale: dict[str, float],
+) -> str:
+    """One question group: its prompt and expected answer, then each answer's tokens."""
+    esc = html.escape
+    first = rows[0]
+    parts = [
+        f"<div class='group' data-group='{q}'><h2>question {q}: "
+        f"<code>{esc(a.prompts[first])}</code> &rarr; expected <code>{esc(a.answers[first])}</code>"
+        f" &nbsp; mean reward {float(a.rewards[rows].mean()):.2f}</h2>"
+    ]
+    for b in rows:
+        reward, adv = float(a.rewards[b]), float(a.advantages[b])
+        cls = "ok" if reward > 0 else "bad"
         parts.append(
-            f"<div class='group' data-group='{q}'><h2>question {q}: "
-            f"<code>{esc(a.prompts[first])}</code> &rarr; expected <code>{esc(a.answers[first])}</code>"
-            f" &nbsp; mean reward {float(a.rewards[rows].mean()):.2f}</h2>"
+            f"<div class='answer' data-row='{b}'><span class='badge'>"
+            f"<span class='{cls}'>R={reward:g}</span> A={adv:+.3f}</span><span class='tokens'>"
         )
-        for b in rows:
-            reward, adv = float(a.rewards[b]), float(a.advantages[b])
-            cls = "ok" if reward > 0 else "bad"
-            parts.append(
-                f"<div class='answer' data-row='{b}'><span class='badge'>"
-                f"<span class='{cls}'>R={reward:g}</span> A={adv:+.3f}</span><span class='tokens'>"
-            )
-            n = int(m[b].sum())
-            for t in range(n):
-                text = a.token_text[b][t] if t < len(a.token_text[b]) else ""
-                sel = "".join(
-                    "1" if bool(selected[name][b, t]) else "0" for name in SELECTION_NAMES
-                )
-                inten = ",".join(
-                    f"{min(1.0, float(a.scores[name][b, t]) / scale[name]):.3f}"
-                    for name in SELECTION_NAMES
-                )
-                attrs = {
-                    "data-text": text,
-                    "data-sel": sel,
-                    "data-int": inten,
-                    "data-e": _fmt(float(a.entropy[b, t])),
-                    "data-p": _fmt(float(a.prob[b, t])),
-                    "data-eps": _fmt(float(a.eps[b, t])),
-                    "data-omega": _fmt(float(a.omega[b, t])),
-                    "data-delta": _fmt(float(a.scores["gmts"][b, t])),
-                    "data-gl": _fmt(float(a.grad_objective_norm[b, t])),
-                    "data-glp": _fmt(float(a.grad_logprob_norm[b, t])),
-                    "data-g": _fmt(float(a.logit_grad_norm[b, t])),
-                }
-                attr_text = " ".join(f'{k}="{esc(v, quote=True)}"' for k, v in attrs.items())
-                parts.append(f"<span class='tok' {attr_text}>{esc(_visible(text))}</span>")
-            parts.append("</span></div>")
-        parts.append("</div>")
-    names_json = json.dumps(list(SELECTION_NAMES)).replace("<", "\\u003c")
-    parts.append(f"<script type='application/json' id='names'>{names_json}</script>")
-    parts.append("<div id='hover'></div>")
-    parts.append(f"<script>{_JS}</script></body></html>")
+        parts.extend(_token(a, b, t, selected, scale) for t in range(int(a.response_mask[b].sum())))
+        parts.append("</span></div>")
+    parts.append("</div>")
     return "".join(parts)
+
+
+def _token(
+    a: TokenAnalysis,
+    b: int,
+    t: int,
+    selected: dict[str, torch.Tensor],
+    scale: dict[str, float],
+) -> str:
+    """Token ``t`` of answer ``b``: its text, with its selections and numbers as attributes."""
+    esc = html.escape
+    text = a.token_text[b][t] if t < len(a.token_text[b]) else ""
+    sel = "".join("1" if bool(selected[name][b, t]) else "0" for name in SELECTION_NAMES)
+    inten = ",".join(
+        f"{min(1.0, float(a.scores[name][b, t]) / scale[name]):.3f}" for name in SELECTION_NAMES
+    )
+    attrs = {
+        "data-text": text,
+        "data-sel": sel,
+        "data-int": inten,
+        "data-e": _fmt(float(a.entropy[b, t])),
+        "data-p": _fmt(float(a.prob[b, t])),
+        "data-eps": _fmt(float(a.eps[b, t])),
+        "data-omega": _fmt(float(a.omega[b, t])),
+        "data-delta": _fmt(float(a.scores["gmts"][b, t])),
+        "data-gl": _fmt(float(a.grad_objective_norm[b, t])),
+        "data-glp": _fmt(float(a.grad_logprob_norm[b, t])),
+        "data-g": _fmt(float(a.logit_grad_norm[b, t])),
+    }
+    attr_text = " ".join(f'{k}="{esc(v, quote=True)}"' for k, v in attrs.items())
+    return f"<span class='tok' {attr_text}>{esc(_visible(text))}</span>"
 
 
 def write_html(

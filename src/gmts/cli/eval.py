@@ -34,41 +34,44 @@ DEFAULT_BATCH_SIZE = {"hf": 64, "vllm": 8192}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    """``gmts eval``'s options, in four groups of ``--help``."""
+    _what_and_how_scored(parser.add_argument_group("what is evaluated and how it is scored"))
+    _your_file(
+        parser.add_argument_group(
+            "your own benchmark file (a .jsonl/.json/.parquet in --benchmarks)"
+        )
+    )
+    _how_it_runs(parser.add_argument_group("how it runs"))
+    _results(parser.add_argument_group("results"))
+
+
+def _what_and_how_scored(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
         "--model",
         help="Hugging Face model folder, a gmts checkpoint (holding model/) or a gmts run "
         "folder (latest checkpoints/step_*/model)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--benchmarks",
         default="aime24,amc23,math500,minerva,olympiadbench",
         help="comma-separated names (default: the paper's five math benchmarks); "
         "builtin:<task> for the embedded tasks; a .jsonl/.jsonl.gz/.json/.parquet file of your "
         "own (see --question-field, --answer-field, --reward, --template)",
     )
-    parser.add_argument("--n", type=int, default=16, help="samples per question (average@n)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (pass@1)")
-    parser.add_argument("--limit", type=int, default=None, help="first K questions per benchmark")
-    parser.add_argument(
+    group.add_argument("--n", type=int, default=16, help="samples per question (average@n)")
+    group.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (pass@1)")
+    group.add_argument("--limit", type=int, default=None, help="first K questions per benchmark")
+    group.add_argument(
+        "--max-new-tokens", type=int, default=None, help="budget (default: per benchmark)"
+    )
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
         "--data-dir",
         default=None,
         help="folder of the benchmark files, in the layout of docs/evaluation.md (default: "
         "$GMTS_DATA_DIR; neither: the Hugging Face Hub copies, cached by datasets)",
     )
-    parser.add_argument(
-        "--question-field", default="problem", help="your file: the question's field"
-    )
-    parser.add_argument("--answer-field", default="answer", help="your file: the gold's field")
-    parser.add_argument(
-        "--id-field", default=None, help="your file: a row id field (default: the row number)"
-    )
-    parser.add_argument(
-        "--reward",
-        default=None,
-        help="your file: the reward of gmts.rewards that scores a completion against the gold "
-        "(math, choice, yes_no, code, format, exact; default: math)",
-    )
-    parser.add_argument(
+    group.add_argument(
         "--verifier",
         default=None,
         metavar="REWARD",
@@ -79,41 +82,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tests decide) and rewards that run code. Recorded in the results; a table cell it "
         "scored reads '12.50 [math]' (default: each benchmark's own verifier)",
     )
-    parser.add_argument(
+
+
+def _your_file(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--question-field", default="problem", help="your file: the question's field"
+    )
+    group.add_argument("--answer-field", default="answer", help="your file: the gold's field")
+    group.add_argument(
+        "--id-field", default=None, help="your file: a row id field (default: the row number)"
+    )
+    group.add_argument(
+        "--reward",
+        default=None,
+        help="your file: the reward of gmts.rewards that scores a completion against the gold "
+        "(math, choice, yes_no, code, format, exact; default: math)",
+    )
+    group.add_argument(
         "--template",
         default="math",
         help="your file: the prompt template of gmts.data.prompts (plain: the question as is)",
     )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="results JSON (default: eval-<model name>.json); the resumable per-question log "
-        "goes next to it as <stem>.partial.jsonl",
-    )
+
+
+def _how_it_runs(group: argparse._ArgumentGroup) -> None:
     from gmts.eval.backends import available_backends  # light: torch loads on first use
     from gmts.rewards.sandbox import BACKENDS as SANDBOX_BACKENDS
 
-    parser.add_argument("--backend", default="hf", choices=available_backends())
-    parser.add_argument(
+    group.add_argument("--backend", default="hf", choices=available_backends())
+    group.add_argument(
         "--batch-size",
         type=int,
         default=None,
         help="sequences per generation call (default: 64 with hf, 8192 with vllm)",
     )
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=None, help="budget (default: per benchmark)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="hf backend: cpu, cuda, cuda:1, auto")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
-    parser.add_argument(
+    group.add_argument("--device", default="auto", help="hf backend: cpu, cuda, cuda:1, auto")
+    group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    group.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's)"
     )
-    parser.add_argument("--name", default=None, help="row label in the table (default: folder)")
-    parser.add_argument(
+    group.add_argument(
         "--code-timeout", type=float, default=10.0, help="seconds per program (code benchmarks)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--sandbox",
         choices=SANDBOX_BACKENDS,
         default=None,
@@ -121,11 +132,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "it does not work; subprocess = the WEAKER sandbox (no filesystem, network or process "
         "isolation), an explicit opt-in (default: $GMTS_SANDBOX, else bwrap)",
     )
-    parser.add_argument(
+
+
+def _results(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--out",
+        default=None,
+        help="results JSON (default: eval-<model name>.json); the resumable per-question log "
+        "goes next to it as <stem>.partial.jsonl",
+    )
+    group.add_argument("--name", default=None, help="row label in the table (default: folder)")
+    group.add_argument(
         "--fresh", action="store_true", help="discard earlier partial results and start over"
     )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    parser.add_argument(
+    group.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    group.add_argument(
         "--table",
         nargs="+",
         metavar="RESULTS_JSON",

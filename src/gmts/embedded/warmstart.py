@@ -390,19 +390,8 @@ def _train(
         total=config.steps, desc=f"warm start ({task_name})", disable=not progress, leave=False
     )
     for step in range(config.steps):
-        input_ids, attention_mask, labels = _batch(task, tokenizer, rng, config.batch_size, noise)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (b, L, V)
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]),
-            labels[:, 1:].reshape(-1),
-            ignore_index=-100,
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        loss_value = float(loss.item())
+        batch = _batch(task, tokenizer, rng, config.batch_size, noise)
+        loss_value = _sft_step(model, optimizer, scheduler, batch, config.grad_clip)
         steps_done = step + 1
         bar.update(1)
         if step % 20 == 0 or step == config.steps - 1:
@@ -419,24 +408,8 @@ def _train(
                 break
     bar.close()
     train_seconds = time.perf_counter() - start
-    model.eval()
-    result = evaluate_task(
-        model,
-        tokenizer,
-        task,
-        task.held_out(config.eval_questions),
-        n=config.eval_samples,
-        seed=seed,
-    )
-    greedy = evaluate_task(
-        model, tokenizer, task, task.held_out(config.eval_questions), n=1, temperature=0.0
-    )
-    model.train()
     info = {
-        "average_at_n": result.average_at_n,
-        "pass_at_n": result.pass_at_n,
-        "n": result.n,
-        "greedy_accuracy": greedy.average_at_n,
+        **_held_out_scores(model, tokenizer, task, config, seed),
         "steps_done": steps_done,
         "check_accuracy": stop.smoothed,
         "checks": [[step, accuracy] for step, accuracy in stop.history],
@@ -445,3 +418,46 @@ def _train(
         "num_threads": torch.get_num_threads(),
     }
     return model, tokenizer, info
+
+
+def _sft_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    grad_clip: float,
+) -> float:
+    """One supervised step on ``(input_ids, attention_mask, labels)``; returns the loss."""
+    input_ids, attention_mask, labels = batch
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (b, L, V)
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]),
+        labels[:, 1:].reshape(-1),
+        ignore_index=-100,
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    scheduler.step()
+    return float(loss.item())
+
+
+def _held_out_scores(
+    model: Any, tokenizer: Any, task: Any, config: WarmStartConfig, seed: int
+) -> dict[str, Any]:
+    """average@n and pass@n (sampled with ``seed``) and greedy accuracy on the held-out
+    questions, in eval mode (training mode restored)."""
+    from gmts.embedded.evaluation import evaluate_task
+
+    held_out = task.held_out(config.eval_questions)
+    model.eval()
+    result = evaluate_task(model, tokenizer, task, held_out, n=config.eval_samples, seed=seed)
+    greedy = evaluate_task(model, tokenizer, task, held_out, n=1, temperature=0.0)
+    model.train()
+    return {
+        "average_at_n": result.average_at_n,
+        "pass_at_n": result.pass_at_n,
+        "n": result.n,
+        "greedy_accuracy": greedy.average_at_n,
+    }

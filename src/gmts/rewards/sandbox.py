@@ -462,19 +462,7 @@ def run_sandboxed(
         max_file_mb: largest file the program may write (also caps its captured output).
         tail_chars: how much of stdout/stderr to keep in the result.
     """
-    if not isinstance(program, str):
-        raise ValueError(f"program must be a str, got {type(program).__name__}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
-    if memory_mb < 32:
-        raise ValueError(
-            f"memory_mb must be at least 32 (Python needs it to start), got {memory_mb}"
-        )
-    if max_processes < 1:
-        raise ValueError(f"max_processes must be at least 1, got {max_processes}")
-    if max_file_mb < 1:
-        raise ValueError(f"max_file_mb must be at least 1, got {max_file_mb}")
-
+    _check_limits(program, timeout, memory_mb, max_processes, max_file_mb)
     chosen = check_sandbox(backend)  # fails closed: raises before anything runs
     environment = _environment()
     uid, python = environment.run_as()
@@ -500,16 +488,7 @@ def run_sandboxed(
         if uid is not None:
             os.chmod(private_dir, 0o711)  # the sandbox uid may enter work/, nothing else
             os.chown(workdir, uid, uid)
-        python_command = [python, "-I", "-B", "-c", _RUNNER, *runner_args]
-        if chosen == "bwrap":
-            bwrap = environment.bwrap_path
-            tmpfs_bytes = max(file_bytes, _MIN_TMPFS_BYTES)
-            command = _bwrap_command(bwrap, python, _bwrap_supports_size_cached(bwrap), tmpfs_bytes)
-            command += python_command
-            cwd, env = "/", dict(_MINIMAL_ENV)
-        else:
-            command, cwd = python_command, str(workdir)
-            env = dict(_MINIMAL_ENV, HOME=str(workdir), TMPDIR=str(workdir))
+        command, cwd, env = _command(chosen, environment, python, runner_args, workdir, file_bytes)
         start = time.monotonic()
         with (
             open(private_dir / "stdin", "rb") as stdin,
@@ -546,6 +525,44 @@ def run_sandboxed(
         backend=chosen,
         duration_s=duration,
     )
+
+
+def _check_limits(
+    program: str, timeout: float, memory_mb: int, max_processes: int, max_file_mb: int
+) -> None:
+    """Refuse a program that is not text and limits that could not hold, before anything runs."""
+    if not isinstance(program, str):
+        raise ValueError(f"program must be a str, got {type(program).__name__}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if memory_mb < 32:
+        raise ValueError(
+            f"memory_mb must be at least 32 (Python needs it to start), got {memory_mb}"
+        )
+    if max_processes < 1:
+        raise ValueError(f"max_processes must be at least 1, got {max_processes}")
+    if max_file_mb < 1:
+        raise ValueError(f"max_file_mb must be at least 1, got {max_file_mb}")
+
+
+def _command(
+    chosen: str,
+    environment: _Environment,
+    python: str,
+    runner_args: list[str],
+    workdir: Path,
+    file_bytes: int,
+) -> tuple[list[str], str, dict[str, str]]:
+    """(command, working directory, environment) that start the runner under ``chosen``: inside
+    bubblewrap with a minimal environment, or as a plain process confined to ``workdir``."""
+    python_command = [python, "-I", "-B", "-c", _RUNNER, *runner_args]
+    if chosen == "bwrap":
+        bwrap = environment.bwrap_path
+        tmpfs_bytes = max(file_bytes, _MIN_TMPFS_BYTES)
+        command = _bwrap_command(bwrap, python, _bwrap_supports_size_cached(bwrap), tmpfs_bytes)
+        return command + python_command, "/", dict(_MINIMAL_ENV)
+    env = dict(_MINIMAL_ENV, HOME=str(workdir), TMPDIR=str(workdir))
+    return python_command, str(workdir), env
 
 
 _SIZE_SUPPORT: dict[str, bool] = {}

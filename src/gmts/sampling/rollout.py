@@ -498,14 +498,7 @@ def generate_rollouts(
     Returns:
         A ``Rollout`` of B = Q * G rows on the model's device.
     """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    check_sampling(num_samples, max_new_tokens, temperature, batch_size)
     draw_token = DRAWS.get(draw)
     eos_id = tokenizer.eos_token_id
     if eos_id is None and not stop_token_ids:
@@ -565,3 +558,18 @@ def generate_rollouts(
         pad_id=pad_id,
         device=device,
     )
+
+
+def check_sampling(
+    num_samples: int, max_new_tokens: int, temperature: float, batch_size: int | None = None
+) -> None:
+    """Refuse sampling settings that cannot work, before any prompt is encoded (every sampler's
+    check: ``generate_rollouts`` and the vLLM engine)."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")

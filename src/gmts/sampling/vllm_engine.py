@@ -52,6 +52,7 @@ import torch
 
 from gmts.sampling.rollout import (
     Rollout,
+    check_sampling,
     encode_prompts,
     resolve_stop_ids,
     rollout_from_responses,
@@ -504,12 +505,7 @@ class VLLMEngine:
         """:func:`gmts.sampling.rollout.generate_rollouts`' contract with this engine as the
         sampler: ``num_samples`` answers per problem, rows grouped, row ``i`` seeded by
         ``request_seeds(seed, B)[i]``, with ``Rollout.engine_logprobs`` (on the CPU)."""
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_sampling(num_samples, max_new_tokens, temperature)
         if tokenizer.eos_token_id is None and not stop_token_ids:
             raise ValueError("tokenizer must define an eos token (or pass stop_token_ids)")
         stop = resolve_stop_ids(tokenizer, self.generation_config, stop_token_ids)

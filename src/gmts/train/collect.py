@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -130,6 +130,26 @@ class CollectedBatch:
         return out
 
 
+@dataclass
+class _Rounds:
+    """What the sampling rounds of one step gathered on this rank (mutated round by round).
+
+    ``kept`` and ``dropped`` hold ``(rollout, reward, raw reward)`` triples: the groups taken
+    into the batch, and the groups DAPO's filter dropped (kept for a top-up at the round limit).
+    ``have`` counts the groups taken, ``generated`` the groups sampled, ``varied`` those whose
+    raw rewards were not all equal, ``errors`` the reward calls that failed.
+    """
+
+    kept: list[tuple[Any, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    dropped: list[tuple[Any, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    have: int = 0
+    generated: int = 0
+    varied: int = 0
+    errors: int = 0
+    rounds: int = 0
+    sample: AnswerSample | None = None
+
+
 def collect_batch(
     engine: RolloutEngine,
     source: QuestionSource,
@@ -152,74 +172,98 @@ def collect_batch(
     ``max_sampling_rounds`` is reached; then dropped groups top the batch up, with advantage 0
     (they carry no correctness signal: verl's DAPO recipe raises an error at its limit instead).
     """
-    from gmts.sampling.rollout import Rollout
-
-    G = r.group_size
     n_local = r.questions_per_batch // info.world_size
-    kept: list[tuple[Any, torch.Tensor, torch.Tensor]] = []  # (rollout, reward, raw reward)
-    dropped: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
-    have = generated = errors = varied = 0
-    rounds = 0
-    sample = None
+    acc = _Rounds()
     while True:
         problems = source.next(r.questions_per_batch)  # identical on every rank
-        mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
-        if have < n_local:
+        if acc.have < n_local:
+            mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
             roll = engine.generate(
                 mine,
-                num_samples=G,
+                num_samples=r.group_size,
                 max_new_tokens=max_new_tokens,
                 temperature=r.temperature,
-                seed=sampling_seed(seed, step, rounds, info.rank),
+                seed=sampling_seed(seed, step, acc.rounds, info.rank),
             )
-            raw, errs = score_rewards(reward_fn, roll.completions, roll.answers)
-            errors += errs
-            varied += int(dynamic_sampling_keep(raw, G).sum())
-            if sample is None and roll.completions:
-                prompt = roll.prompts[0] if roll.prompts else ""
-                sample = AnswerSample(prompt, roll.completions[0], str(roll.answers[0]))
-            reward = raw + overlong_penalty(
-                roll.response_lengths, max_new_tokens, r.overlong_buffer, r.overlong_penalty
-            )
-            # DAPO keeps a group unless its answers are all correct or all wrong: decided on the
-            # raw reward, before the overlong penalty (verl's recipe: filter_groups.metric=acc),
-            # so an all-wrong group with one long answer is not kept to train on length alone
-            keep = (
-                dynamic_sampling_keep(raw, G)
-                if r.dynamic_sampling
-                else torch.ones(len(mine), dtype=torch.bool)
-            )
-            take = keep.clone()
-            take[keep.cumsum(0) > n_local - have] = False  # only as many as still needed
-            rows_take, rows_drop = take.repeat_interleave(G), (~keep).repeat_interleave(G)
-            if take.any():
-                kept.append((roll.select(rows_take), reward[rows_take], raw[rows_take]))
-            if rows_drop.any():
-                dropped.append((roll.select(rows_drop), reward[rows_drop], raw[rows_drop]))
-            have += int(take.sum())
-            generated += len(mine)
-        rounds += 1
-        missing = all_reduce_sum(torch.tensor([float(n_local - have)]), info.group).item()
-        if not r.dynamic_sampling or missing == 0 or rounds >= r.max_sampling_rounds:
+            _take_groups(acc, roll, reward_fn, r, n_local=n_local, max_new_tokens=max_new_tokens)
+        acc.rounds += 1
+        missing = all_reduce_sum(torch.tensor([float(n_local - acc.have)]), info.group).item()
+        if not r.dynamic_sampling or missing == 0 or acc.rounds >= r.max_sampling_rounds:
             break
-    topped_up = n_local - have
-    filtered_rows = have * G  # the rows the filter kept; top-ups come after them
-    for roll, reward, raw in dropped:  # at the round limit: fill with dropped groups
-        if have >= n_local:
+    topped_up = n_local - acc.have
+    filtered_rows = acc.have * r.group_size  # the rows the filter kept; top-ups come after them
+    _top_up(acc, n_local, r.group_size)
+    batch, stats = _assemble(acc, r, filtered_rows, topped_up, group_offset=info.rank * n_local)
+    return CollectedBatch(batch.to(device), stats.reduced(info), acc.rounds, acc.sample)
+
+
+def _take_groups(
+    acc: _Rounds,
+    roll: Any,
+    reward_fn: RewardFn,
+    r: RolloutConfig,
+    *,
+    n_local: int,
+    max_new_tokens: int,
+) -> None:
+    """Score one round's rollout and take its groups into ``acc``: DAPO's filter keeps a group
+    unless its answers are all correct or all wrong, and only as many as the batch still needs
+    are taken; the filtered-out groups are set aside for a top-up."""
+    G = r.group_size
+    raw, errors = score_rewards(reward_fn, roll.completions, roll.answers)
+    acc.errors += errors
+    acc.varied += int(dynamic_sampling_keep(raw, G).sum())
+    if acc.sample is None and roll.completions:
+        prompt = roll.prompts[0] if roll.prompts else ""
+        acc.sample = AnswerSample(prompt, roll.completions[0], str(roll.answers[0]))
+    reward = raw + overlong_penalty(
+        roll.response_lengths, max_new_tokens, r.overlong_buffer, r.overlong_penalty
+    )
+    # decided on the raw reward, before the overlong penalty (verl's recipe:
+    # filter_groups.metric=acc), so an all-wrong group with one long answer is not kept to train
+    # on length alone
+    groups = len(raw) // G
+    keep = dynamic_sampling_keep(raw, G) if r.dynamic_sampling else torch.ones(groups, dtype=bool)
+    take = keep.clone()
+    take[keep.cumsum(0) > n_local - acc.have] = False  # only as many as still needed
+    rows_take, rows_drop = take.repeat_interleave(G), (~keep).repeat_interleave(G)
+    if take.any():
+        acc.kept.append((roll.select(rows_take), reward[rows_take], raw[rows_take]))
+    if rows_drop.any():
+        acc.dropped.append((roll.select(rows_drop), reward[rows_drop], raw[rows_drop]))
+    acc.have += int(take.sum())
+    acc.generated += groups
+
+
+def _top_up(acc: _Rounds, n_local: int, G: int) -> None:
+    """At the round limit: fill the batch with dropped groups, in the order they were drawn."""
+    for roll, reward, raw in acc.dropped:
+        if acc.have >= n_local:
             break
-        n = min(roll.num_groups, n_local - have)
+        n = min(roll.num_groups, n_local - acc.have)
         rows = torch.arange(n * G)
-        kept.append((roll.select(rows), reward[rows], raw[rows]))
-        have += n
-    roll = Rollout.concat([k[0] for k in kept]).to("cpu")
-    reward = torch.cat([k[1] for k in kept])
-    raw = torch.cat([k[2] for k in kept])
-    advantages = group_advantages(reward, G, std_normalize=r.std_normalize, std=r.advantage_std)
+        acc.kept.append((roll.select(rows), reward[rows], raw[rows]))
+        acc.have += n
+
+
+def _assemble(
+    acc: _Rounds, r: RolloutConfig, filtered_rows: int, topped_up: int, *, group_offset: int
+) -> tuple[TrainBatch, RolloutStats]:
+    """The batch of the kept groups (the filter's first, then ``topped_up`` top-up groups from
+    row ``filtered_rows``), with group advantages, and this rank's sums."""
+    from gmts.sampling.rollout import Rollout
+
+    roll = Rollout.concat([k[0] for k in acc.kept]).to("cpu")
+    reward = torch.cat([k[1] for k in acc.kept])
+    raw = torch.cat([k[2] for k in acc.kept])
+    advantages = group_advantages(
+        reward, r.group_size, std_normalize=r.std_normalize, std=r.advantage_std
+    )
     # A top-up group was dropped because its answers are all correct or all wrong: it carries
     # no correctness signal, so it gets advantage 0 even where the overlong penalty made its
     # rewards differ (its penalised advantages would train on length alone)
     advantages[filtered_rows:] = 0.0
-    batch = TrainBatch.from_rollout(roll, reward, advantages, group_offset=info.rank * n_local)
+    batch = TrainBatch.from_rollout(roll, reward, advantages, group_offset=group_offset)
     stats = RolloutStats(
         answers=float(len(reward)),
         reward_sum=float(reward.sum()),
@@ -227,10 +271,10 @@ def collect_batch(
         rewarded=float((raw > 0).sum()),
         length_sum=float(roll.response_lengths.sum()),
         truncated=float((~roll.finished).sum()),
-        reward_errors=float(errors),
-        generated_groups=float(generated),
-        varied_groups=float(varied),
+        reward_errors=float(acc.errors),
+        generated_groups=float(acc.generated),
+        varied_groups=float(acc.varied),
         topped_up_groups=float(topped_up),
         response_tokens=float(roll.response_mask.sum()),
     )
-    return CollectedBatch(batch.to(device), stats.reduced(info), rounds, sample)
+    return batch, stats

@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from gmts.core.config import SelectionConfig
 from gmts.core.loss import LossConfig, TokenSums
 from gmts.core.objectives import ObjectiveConfig
 from gmts.core.step import select_for_update
@@ -262,51 +263,16 @@ def gmts_ppo_loss(
     from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
     from verl.utils import tensordict_utils as tu
     from verl.utils.metric import AggregationType, Metric
-    from verl.workers.utils.padding import no_padding_2_padding
 
     selection = settings.selection
-    log_prob = no_padding_2_padding(model_output["log_probs"], data)  # (B, R)
-    entropy = model_output.get("entropy", None)
-    if entropy is not None:
-        entropy = no_padding_2_padding(entropy, data)
-
-    dp_size = data["dp_size"]
-    batch_num_tokens = data["batch_num_tokens"]  # all valid tokens of the mini-batch, all ranks
-    global_batch_size = data["global_batch_size"]
+    micro, entropy, ref_log_prob = _micro_batch(config, model_output, data, selection)
+    log_prob, response_mask, info = micro.log_prob, micro.response_mask, micro.info
+    selected = micro.keep.bool()
+    dp_size, batch_num_tokens = info["dp_size"], info["batch_num_tokens"]
+    global_batch_size, aggregation = info["global_batch_size"], micro.aggregation
     num_selected = tu.get_non_tensor_data(data=data, key=NUM_SELECTED_KEY, default=None)
-    divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
     threshold = tu.get_non_tensor_data(data=data, key=THRESHOLD_KEY, default=math.nan)
-    if divisors is None:
-        raise ValueError(f"micro-batch has no {DIVISORS_KEY!r} (see prepare_selection)")
-
-    wanted = ["response_mask", "old_log_probs", "advantages", SELECTED_KEY]
-    wanted += [k for k in ("rollout_is_weights", "ref_log_prob") if k in data]
-    fields = padded_response_fields(data, wanted)
-    response_mask = fields["response_mask"].bool()  # (B, R)
-    selected = fields[SELECTED_KEY].bool() & response_mask
-    info = {
-        "dp_size": dp_size,
-        "batch_num_tokens": batch_num_tokens,
-        "global_batch_size": global_batch_size,
-        "loss_scale_factor": config.loss_scale_factor,
-    }
-    # the core's rule: eq. 2's token-mean over S, or the objective's own aggregation
-    aggregation = LossConfig.of(objective_from_actor_config(config), selection).aggregation(
-        selection=True
-    )
-    micro = MicroBatch(
-        config=config,
-        log_prob=log_prob,
-        old_log_prob=fields["old_log_probs"],
-        advantages=fields["advantages"],
-        response_mask=response_mask,
-        keep=selected.to(log_prob.dtype),
-        rollout_is_weights=fields.get("rollout_is_weights", None),
-        aggregation=aggregation,
-        divisor=divisors[0],
-        normalize=selection.normalize,
-        info=info,
-    )
+    divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
     uses_global_info = (
         dp_size > 1
         or batch_num_tokens is not None
@@ -328,7 +294,7 @@ def gmts_ppo_loss(
 
     if config.use_kl_loss:
         kld = kl_penalty(
-            logprob=log_prob, ref_logprob=fields["ref_log_prob"], kl_penalty=config.kl_loss_type
+            logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=config.kl_loss_type
         )  # (B, R)
         kl_carriers = selected if selection.kl_tokens == "selected" else response_mask
         kld = torch.where(kl_carriers, kld, torch.zeros_like(kld))  # counted over the answer
@@ -344,6 +310,52 @@ def gmts_ppo_loss(
         metrics["gmts/selected_fraction"] = float(num_selected or 0) / float(batch_num_tokens)
         metrics["gmts/score_threshold"] = float(threshold)
     return loss, metrics
+
+
+def _micro_batch(
+    config: Any, model_output: Any, data: Any, selection: SelectionConfig
+) -> tuple[MicroBatch, torch.Tensor | None, torch.Tensor | None]:
+    """The micro-batch's padded ``(B, R)`` fields as a :class:`MicroBatch` (the unselected
+    tokens' ``keep`` 0), with its padded entropy and reference log-probs (None when absent)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)  # (B, R)
+    entropy = model_output.get("entropy", None)
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+    divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
+    if divisors is None:
+        raise ValueError(f"micro-batch has no {DIVISORS_KEY!r} (see prepare_selection)")
+    wanted = ["response_mask", "old_log_probs", "advantages", SELECTED_KEY]
+    wanted += [k for k in ("rollout_is_weights", "ref_log_prob") if k in data]
+    fields = padded_response_fields(data, wanted)
+    response_mask = fields["response_mask"].bool()  # (B, R)
+    selected = fields[SELECTED_KEY].bool() & response_mask
+    info = {
+        "dp_size": data["dp_size"],
+        "batch_num_tokens": data["batch_num_tokens"],  # valid tokens of the mini-batch, all ranks
+        "global_batch_size": data["global_batch_size"],
+        "loss_scale_factor": config.loss_scale_factor,
+    }
+    # the core's rule: eq. 2's token-mean over S, or the objective's own aggregation
+    aggregation = LossConfig.of(objective_from_actor_config(config), selection).aggregation(
+        selection=True
+    )
+    micro = MicroBatch(
+        config=config,
+        log_prob=log_prob,
+        old_log_prob=fields["old_log_probs"],
+        advantages=fields["advantages"],
+        response_mask=response_mask,
+        keep=selected.to(log_prob.dtype),
+        rollout_is_weights=fields.get("rollout_is_weights", None),
+        aggregation=aggregation,
+        divisor=divisors[0],
+        normalize=selection.normalize,
+        info=info,
+    )
+    return micro, entropy, fields.get("ref_log_prob", None)
 
 
 class GMTSPolicyLoss:
