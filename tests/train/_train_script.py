@@ -28,16 +28,19 @@ def main() -> None:
     cfg = tiny.small_config(Path(model_dir), Path(run_dir), *overrides)
     finished = False
     try:
-        trainer = Trainer(cfg, resume="--resume" in rest, reward_fn=tiny.partial_credit)
-        if os.environ.get("GMTS_TEST_SKEW_RNG") == "1":  # the ranks' RNG states differ from here
-            torch.rand(97 * trainer.info.rank)
-        try:
-            trainer.run()
-            finished = True
-        finally:
-            trainer.close()
+        _train(Trainer(cfg, resume="--resume" in rest, reward_fn=tiny.partial_credit))
+        finished = True
     finally:
-        shutdown(drain=finished)
+        shutdown(drain=finished)  # the trainer is gone by now: nothing holds the group
+
+
+def _train(trainer) -> None:
+    if os.environ.get("GMTS_TEST_SKEW_RNG") == "1":  # the ranks' RNG states differ from here
+        torch.rand(97 * trainer.info.rank)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
 
 
 if __name__ == "__main__":

@@ -139,15 +139,16 @@ def test_torchrun_two_processes_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_nothing_holds_the_process_group_after_shutdown(tmp_path):
-    """Building a model after joining the group leaves no reference to it behind: a group that
-    outlives shutdown is freed during interpreter finalization, where its gloo threads abort
-    the process now and then ("terminate called without an active exception")."""
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicate", "fsdp"])
+def test_nothing_holds_the_process_group_after_shutdown(tmp_path, sharded):
+    """Building a model after joining the group, and sharding it with FSDP2 (whose DTensor ops
+    torch caches with the mesh), leaves no reference to the group behind: a group that outlives
+    shutdown is freed during interpreter finalization, where its gloo threads abort the process
+    now and then ("terminate called without an active exception")."""
     model_dir = _tiny.save_tiny_model(tmp_path / "model")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    _torchrun(
-        str(HERE / "_dist_shutdown_worker.py"), str(model_dir), str(tmp_path), env=env, timeout=300
-    )
+    worker = [str(HERE / "_dist_shutdown_worker.py"), str(model_dir), str(tmp_path)]
+    _torchrun(*worker, *(["fsdp"] if sharded else []), env=env, timeout=300)
     for rank in range(2):
         counts = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert counts["during"] == counts["before"], counts  # the model build kept no reference

@@ -8,7 +8,9 @@ per optimizer step (:func:`all_reduce_gradients`).
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,9 +110,32 @@ def shutdown(info: DistInfo | None = None, *, drain: bool = False) -> None:
     to stop), so wait at a barrier first: no rank tears its group down while another still
     sends to it. Never drain on an error path: a rank that failed would leave the others
     waiting at the barrier. The group is freed here, before interpreter finalization, only if
-    nothing else holds it (see :func:`init_process_group`).
+    nothing else holds it (see :func:`init_process_group` and :func:`_drop_dtensor_caches`);
+    a trainer that is already garbage (a reference cycle) is collected here, so its group goes
+    with it.
     """
     if (info is None or info.world_size > 1) and dist.is_initialized():
         if drain:
             dist.barrier()
+        _drop_dtensor_caches()
         dist.destroy_process_group()
+        gc.collect()
+
+
+def _drop_dtensor_caches() -> None:
+    """Empty DTensor's sharding-propagation caches, which hold the default group.
+
+    FSDP2 (``fully_shard``) runs DTensor ops; torch caches their output shardings (in C++ as
+    well as in Python), and each holds the DeviceMesh and through it the default process group
+    for the life of the process: the group then ends in interpreter finalization like the one
+    :func:`init_process_group` guards against (with torch 2.13, one reference left after
+    ``fully_shard`` of a single layer, none once these caches are emptied).
+    """
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # no DTensor op ran
+    from torch.distributed.tensor import debug
+
+    # torch's own helper for emptying both caches (private: looked up, not assumed)
+    clear = getattr(debug, "_clear_sharding_prop_cache", None)
+    if clear is not None:
+        clear()
