@@ -42,6 +42,7 @@ def main() -> None:
     cfg = load_config(args.config, args.overrides)
     reward = helpers.tiny.partial_credit if args.partial_credit else None
     trainer = Trainer(cfg, resume=args.resume, reward_fn=reward)
+    rank = trainer.info.rank
     if os.environ.get("GMTS_TEST_SKIP_SYNC") == "1":
         trainer.rollout_engine.sync_weights = lambda: None
     dump = os.environ.get("GMTS_TEST_ROLLOUT_DIR")
@@ -59,7 +60,7 @@ def main() -> None:
                     "response_mask": b.response_mask.cpu(),
                     "engine_logprobs": b.engine_logprobs,
                 },
-                Path(dump) / f"rank{trainer.info.rank}_step{step}.pt",
+                Path(dump) / f"rank{rank}_step{step}.pt",
             )
             return collected
 
@@ -76,7 +77,7 @@ def main() -> None:
                     "engine_logprobs": batch.engine_logprobs.cpu(),
                     "response_mask": batch.response_mask.cpu(),
                 },
-                Path(scored_dir) / f"rank{trainer.info.rank}_step{next(steps)}.pt",
+                Path(scored_dir) / f"rank{rank}_step{next(steps)}.pt",
             )
             return correction_metrics(batch)
 
@@ -87,6 +88,7 @@ def main() -> None:
         finished = True
     finally:
         trainer.close()
+        del trainer  # nothing may hold the process group when it is left (fsdp's model does)
         shutdown(drain=finished)
 
 
