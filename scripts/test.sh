@@ -9,7 +9,8 @@
 # Four pytest processes run side by side: .venv's suite in two halves (by folder, every test in
 # exactly one), the verl tests and the vLLM tests. Each test runs on one torch thread
 # (tests/conftest.py), so one process leaves a core of a 2-core machine idle; the verl and vLLM
-# environments are built while .venv's halves already run. Each process writes its own log
+# environments are built side by side while .venv's halves already run (scripts/setup.sh lets
+# two setups share the checkout). Each process writes its own log
 # under $GMTS_TEST_LOGS (default .cache/test-logs); the script prints each one's last lines,
 # a failed one's whole log, and fails if any failed.
 # Arguments (pytest options such as -x or -k EXPR) go to both halves of .venv's suite. For the
@@ -42,19 +43,13 @@ second_half() {
   .venv/bin/python -m pytest -m "" -q "$@" tests "${FIRST_HALF[@]/#/--ignore=}"
 }
 verl_line() {
-  if ! bash scripts/setup.sh verl; then
-    touch "$logs/verl.setup-done"
-    return 1
-  fi
-  touch "$logs/verl.setup-done"  # vllm_line's setup may start
+  bash scripts/setup.sh verl
   .venv-verl/bin/python -m pytest -m "" -q \
     tests/integrations/test_verl_integration_on_cpu.py tests/integrations/test_verl_e2e_on_cpu.py \
     tests/integrations/test_verl_loss_modes.py tests/conformance/test_conformance_verl.py \
     tests/integrations/test_verl_real_model_on_cpu.py "$VERL_DRY_RUN"
 }
 vllm_line() {
-  # after verl's setup: two pip installs of the checkout at once would both write its egg-info
-  while [ ! -f "$logs/verl.setup-done" ]; do sleep 5; done
   bash scripts/setup.sh vllm
   .venv-vllm/bin/python -m pytest -m "" -q tests/vllm tests/integrations/test_trl_vllm_colocate_on_cpu.py
 }
