@@ -212,7 +212,8 @@ def _take_groups(
     G = r.group_size
     raw, errors = score_rewards(reward_fn, roll.completions, roll.answers)
     acc.errors += errors
-    acc.varied += int(dynamic_sampling_keep(raw, G).sum())
+    varied = dynamic_sampling_keep(raw, G)  # (groups,): answers not all correct or all wrong
+    acc.varied += int(varied.sum())
     if acc.sample is None and roll.completions:
         prompt = roll.prompts[0] if roll.prompts else ""
         acc.sample = AnswerSample(prompt, roll.completions[0], str(roll.answers[0]))
@@ -222,8 +223,7 @@ def _take_groups(
     # decided on the raw reward, before the overlong penalty (verl's recipe:
     # filter_groups.metric=acc), so an all-wrong group with one long answer is not kept to train
     # on length alone
-    groups = len(raw) // G
-    keep = dynamic_sampling_keep(raw, G) if r.dynamic_sampling else torch.ones(groups, dtype=bool)
+    keep = varied if r.dynamic_sampling else torch.ones_like(varied)
     take = keep.clone()
     take[keep.cumsum(0) > n_local - acc.have] = False  # only as many as still needed
     rows_take, rows_drop = take.repeat_interleave(G), (~keep).repeat_interleave(G)
@@ -232,7 +232,7 @@ def _take_groups(
     if rows_drop.any():
         acc.dropped.append((roll.select(rows_drop), reward[rows_drop], raw[rows_drop]))
     acc.have += int(take.sum())
-    acc.generated += groups
+    acc.generated += len(varied)
 
 
 def _top_up(acc: _Rounds, n_local: int, G: int) -> None:
