@@ -195,8 +195,9 @@ class Rollout(PromptResponse):
             return self
         used_p = int(self.prompt_mask.sum(dim=1).max().item())
         used_t = int(self.response_lengths.max().item())
-        self.prompt_ids = self.prompt_ids[:, self.prompt_length - used_p :]
-        self.prompt_mask = self.prompt_mask[:, self.prompt_length - used_p :]
+        first = self.prompt_length - used_p  # read before prompt_ids (and so P) changes
+        self.prompt_ids = self.prompt_ids[:, first:]
+        self.prompt_mask = self.prompt_mask[:, first:]
         self.response_ids = self.response_ids[:, :used_t]
         self.response_mask = self.response_mask[:, :used_t]
         if self.engine_logprobs is not None:
