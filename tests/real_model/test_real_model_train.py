@@ -98,3 +98,35 @@ def test_one_gmts_step_on_two_processes_under_fsdp2(tmp_path, real_model, free_p
     assert all(trained[k].dtype == torch.float32 for k in trained)  # whole fp32 weights
     moved = [k for k in start if not torch.equal(trained[k], start[k])]
     assert len(moved) > len(start) // 2, f"only {len(moved)} of {len(start)} tensors moved"
+
+
+def test_own_file_with_prompts_of_different_lengths(tmp_path, real_model):
+    """Issue 33: a user's file whose prompts differ in token length, several questions per
+    batch, crashed at the batch's assembly (a trimmed group's prompt mask wider than its
+    ids). Two steps of 3 questions x 2 answers on sums in prose with 1- to 3-digit operands."""
+    questions = [("What is 7 + 5?", 12), ("Add 123 and 45.", 168), ("What is 12 + 30?", 42),
+                 ("Please add 305 and 7 together.", 312), ("What is 4 + 4?", 8),
+                 ("Compute the sum of 250 and 19.", 269)]  # fmt: skip
+    dataset = tmp_path / "mine.jsonl"
+    dataset.write_text("".join(f'{{"problem": "{q}", "answer": "{a}"}}\n' for q, a in questions))
+    run = tmp_path / "run"
+    cfg = load_config(
+        None,
+        [
+            *_real.real_overrides(real_model, dataset, run),
+            "rollout.questions_per_batch=3",
+            "rollout.group_size=2",
+            "rollout.max_response_length=8",
+            "optim.steps=2",
+        ],
+    )
+    trainer = Trainer(cfg)
+    lengths = {len(trainer.tokenizer(q)["input_ids"]) for q, _ in questions}
+    assert len(lengths) >= 3, f"the prompts must differ in token length: {lengths}"
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    rows = read_metrics(run)
+    assert len(rows) == 2 and all(0 < r["response/tokens"] <= 6 * 8 for r in rows)
+    assert all(r["update/skipped_nonfinite"] == 0 for r in rows)
