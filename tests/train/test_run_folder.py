@@ -70,12 +70,12 @@ def _one_line_error(err: str) -> str:
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Fail the test if the trainer gets as far as loading a tokenizer or a model."""
-    import gmts.train.trainer as trainer_module
+    import gmts.train.run_parts as run_parts
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the run folder was checked")
 
-    monkeypatch.setattr(trainer_module, "load_tokenizer", refuse)
+    monkeypatch.setattr(run_parts, "load_tokenizer", refuse)
 
 
 # --------------------------------------------------------------------------- checkpoint.every

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 import gmts.train.policy as policy
+import gmts.train.run_parts as run_parts
 import gmts.train.trainer as trainer
 from gmts.cli import main
 from gmts.rewards import SandboxUnavailableError, code_reward
@@ -82,9 +83,9 @@ def test_trainer_itself_refuses_before_data_or_model(no_bwrap: None, monkeypatch
     def must_not_run(*args, **kwargs):
         raise AssertionError("data or model loading started")
 
-    monkeypatch.setattr(trainer, "load_examples", must_not_run)
+    monkeypatch.setattr(run_parts, "load_examples", must_not_run)
     monkeypatch.setattr(policy, "resolve_model_path", must_not_run)  # model.path
-    monkeypatch.setattr(trainer, "load_tokenizer", must_not_run)
+    monkeypatch.setattr(run_parts, "load_tokenizer", must_not_run)
     monkeypatch.setattr(policy, "load_policy", must_not_run)  # the weights
     with pytest.raises(SandboxUnavailableError, match="data.sandbox=subprocess"):
         trainer.Trainer(load_config(None, CODE))

@@ -67,10 +67,12 @@ def main() -> None:
         trainer.collect = recorded
     scored_dir = os.environ.get("GMTS_TEST_SCORED_DIR")
     if scored_dir:
-        correction_metrics = trainer._correction_metrics
+        import gmts.train.step_row as step_row
+
+        correction_metrics = step_row.correction_metrics
         steps = iter(range(trainer.step + 1, 1 << 30))  # called once per step, with its batch
 
-        def record_scored(batch):
+        def record_scored(batch, correction, info):
             torch.save(
                 {
                     "old_logprobs": batch.old_logprobs.cpu(),
@@ -79,9 +81,9 @@ def main() -> None:
                 },
                 Path(scored_dir) / f"rank{rank}_step{next(steps)}.pt",
             )
-            return correction_metrics(batch)
+            return correction_metrics(batch, correction, info)
 
-        trainer._correction_metrics = record_scored
+        step_row.correction_metrics = record_scored
     finished = False
     try:
         trainer.run()
