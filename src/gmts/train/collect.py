@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,32 +10,11 @@ import torch
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
 from gmts.core.distributed import all_reduce_sum
-from gmts.rewards.sandbox import SandboxUnavailableError
 from gmts.scale.distributed import DistInfo
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
 from gmts.train.engines import RolloutEngine
-from gmts.train.sources import QuestionSource, RewardFn
-
-
-def score_rewards(
-    reward_fn: RewardFn, completions: list[str], answers: list[str]
-) -> tuple[torch.Tensor, int]:
-    """``(B,)`` float32 rewards and the number of samples whose reward function raised or
-    returned a non-finite value (those get 0: one bad verifier call never stops a run). A
-    ``SandboxUnavailableError`` (code rewards without their sandbox) is raised, not counted."""
-    values, errors = [], 0
-    for completion, answer in zip(completions, answers):
-        try:
-            value = float(reward_fn(completion, answer))
-            if not math.isfinite(value):
-                raise ValueError("non-finite reward")
-        except SandboxUnavailableError:  # no sandbox: every code reward would be a silent 0
-            raise
-        except Exception:  # any failure of a user reward: 0 for this sample, counted
-            value, errors = 0.0, errors + 1
-        values.append(value)
-    return torch.tensor(values, dtype=torch.float32), errors
+from gmts.train.sources import QuestionSource, RewardFn, score_rewards
 
 
 def overlong_penalty(
