@@ -10,10 +10,10 @@ import torch
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
 from gmts.core.distributed import all_reduce_sum
+from gmts.sampling.sampler import Sampler
 from gmts.scale.distributed import DistInfo
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
-from gmts.train.engines import RolloutEngine
 from gmts.train.sources import QuestionSource, RewardFn, score_rewards
 
 
@@ -129,7 +129,7 @@ class _Rounds:
 
 
 def collect_batch(
-    engine: RolloutEngine,
+    engine: Sampler,
     source: QuestionSource,
     reward_fn: RewardFn,
     r: RolloutConfig,
@@ -140,8 +140,9 @@ def collect_batch(
     info: DistInfo,
     device: torch.device,
 ) -> CollectedBatch:
-    """This rank's rollout batch for ``step`` (on ``device``) and its global sums; call it
-    inside ``engine.session()``.
+    """This rank's rollout batch for ``step`` (on ``device``) and its global sums, sampled by
+    ``engine`` (the trainer's :class:`gmts.train.rollout_engine.RolloutEngine`, or any
+    sampler); call it inside ``engine.session()``.
 
     Every rank draws the same ``questions_per_batch`` questions from ``source`` each round and
     generates for its contiguous slice. With dynamic sampling, groups whose rewards are all
@@ -156,7 +157,7 @@ def collect_batch(
         problems = source.next(r.questions_per_batch)  # identical on every rank
         if acc.have < n_local:
             mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
-            roll = engine.generate(
+            roll = engine.sample(
                 mine,
                 num_samples=r.group_size,
                 max_new_tokens=max_new_tokens,

@@ -60,13 +60,6 @@ from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
 from gmts.train.correction import RolloutCorrection
-from gmts.train.engines import (
-    EngineInputs,
-    RolloutEngine,
-    check_engine,
-    logprob_gap_metrics,
-    make_engine,
-)
 from gmts.train.evaluation import evaluate_held_out
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import build_policy, resolve_base_path
@@ -77,6 +70,13 @@ from gmts.train.preemption import (
     write_marker,
 )
 from gmts.train.restore import restore_trainer_state
+from gmts.train.rollout_engine import (
+    EngineInputs,
+    RolloutEngine,
+    check_engine,
+    logprob_gap_metrics,
+    make_engine,
+)
 from gmts.train.run_folder import ResumeMode, RunStart, prepare_run_folder, record_start
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
 from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, ZeroSignalWatch
@@ -395,7 +395,7 @@ class Trainer:
 
     def _make_engine(self, load_path: str, model_config: Any) -> RolloutEngine:
         """Who samples (``rollout.engine``): the policy itself, or a colocated vLLM engine
-        started from the same weights (:mod:`gmts.train.engines`). Needs the policy, the
+        started from the same weights (:mod:`gmts.train.rollout_engine`). Needs the policy, the
         tokenizer and the context check's ``prompt_tokens``."""
         return make_engine(
             EngineInputs(
