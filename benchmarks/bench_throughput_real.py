@@ -302,7 +302,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in (*CONTENDERS, "vllm_plain")}
     sampled: dict[str, Any] = {}
     if "vllm" in trainers:
-        engine = trainers["vllm"].rollout_engine.engine
+        engine = trainers["vllm"].rollout_engine.sampler.engine
         if engine.sleeps:
             raise RuntimeError("the vllm contender's engine sleeps between steps (GPU): CPU only")
         sample = engine.sample
@@ -358,7 +358,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             run_plain(step)
 
     def run_plain(step: int) -> None:
-        engine = trainers["vllm"].rollout_engine.engine
+        engine = trainers["vllm"].rollout_engine.sampler.engine
         engine.llm.reset_prefix_cache()
         memory.start()
         start = time.perf_counter()

@@ -80,21 +80,21 @@ def _register_engine() -> None:
     """The hf sampler with fixed pseudo-random engine log-probs (see the module docstring)."""
     import torch
 
-    from gmts.train.engines import ENGINES, HFEngine
+    from gmts.sampling.sampler import SAMPLERS, HFSampler
 
-    class HFWithLogprobs(HFEngine):
+    class HFWithLogprobs(HFSampler):
         name = ENGINE
 
-        def generate(self, problems: Any, **kw: Any) -> Any:
-            roll = super().generate(problems, **kw)
+        def sample(self, problems: Any, **kw: Any) -> Any:
+            roll = super().sample(problems, **kw)
             g = torch.Generator().manual_seed(int(kw["seed"]) % (1 << 62))
             shape = tuple(roll.response_ids.shape)
             engine = -2.3 - 1.2 * torch.rand(shape, generator=g)  # (B, T), near the tiny model's
             engine = torch.where(roll.response_mask, engine, 0.0)
             return dataclasses.replace(roll, engine_logprobs=engine)
 
-    if ENGINE not in ENGINES.names():
-        ENGINES.add(ENGINE, HFWithLogprobs)
+    if ENGINE not in SAMPLERS.names():
+        SAMPLERS.add(ENGINE, HFWithLogprobs)
 
 
 def run_all(steps: int = 3) -> dict[str, list[dict[str, float]]]:

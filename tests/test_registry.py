@@ -38,15 +38,15 @@ def test_library_registries_share_the_wording() -> None:
     from gmts.core.scores import get_score
     from gmts.data.prompts import get_template
     from gmts.embedded.tasks import get_task
-    from gmts.eval.backends import BackendOptions, make_backend
     from gmts.rewards.registry import get_reward
+    from gmts.sampling.sampler import SamplerInputs, make_sampler
 
     for lookup, kind in (
         (get_score, "score"),
         (get_reward, "reward"),
         (get_template, "prompt template"),
         (get_task, "task"),
-        (lambda name: make_backend(name, BackendOptions("model")), "backend"),
+        (lambda name: make_sampler(name, SamplerInputs(None)), "sampler"),
     ):
         with pytest.raises(ValueError, match=f"unknown {kind} 'nope'; valid {kind}s: "):
             lookup("nope")

@@ -85,7 +85,7 @@ API: dict[str, tuple[str, ...]] = {
     "gmts.eval.backends": ("BackendOptions", "make_backend"),
     "gmts.eval.harness": ("EvalConfig", "evaluate"),
     "gmts.train.config": ("load_config",),
-    "gmts.train.engines": ("EngineInputs", "make_engine"),
+    "gmts.train.rollout_engine": ("EngineInputs", "RolloutEngine", "make_engine"),
     "gmts.train.evaluation": ("evaluate_held_out", "evaluate_start"),
     "gmts.train.trainer": ("train",),
 }

@@ -1,27 +1,31 @@
-"""The harness with fake backends: accuracy sanity, average@n arithmetic, exact resume."""
+"""The harness with fake samplers: accuracy sanity, average@n arithmetic, exact resume."""
 
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 from gmts.eval.benchmarks import load_eval_benchmark, parse_benchmarks
 from gmts.eval.harness import EvalConfig, evaluate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _text_sampler import TextSampler  # noqa: E402
 
-class OracleBackend:
+
+class OracleBackend(TextSampler):
     """Answers every prompt with a fixed function of its gold answer (a lookup by prompt)."""
 
     name = "fake"
-    tokenizer = None
 
     def __init__(self, gold_by_prompt: dict[str, str], answer_fn):
         self.gold_by_prompt = gold_by_prompt
         self.answer_fn = answer_fn
         self.prompts_seen: list[str] = []
 
-    def generate(self, prompts, *, n, temperature, max_new_tokens, seed):
+    def complete(self, prompts, *, n, temperature, max_new_tokens, seed):
         self.prompts_seen.extend(prompts)
         return [[self.answer_fn(self.gold_by_prompt[p], j) for j in range(n)] for p in prompts]
 
@@ -90,18 +94,17 @@ def test_unknown_benchmark_lists_valid_names():
     assert parse_benchmarks("math500, aime24,math500") == ["math500", "aime24"]
 
 
-class SeededBackend:
+class SeededBackend(TextSampler):
     """Completions that depend only on (prompt, seed, sample index), like a seeded sampler."""
 
     name = "fake-sampler"
-    tokenizer = None
 
     def __init__(self, fail_after_calls: int | None = None):
         self.calls = 0
         self.prompts_seen: list[str] = []
         self.fail_after_calls = fail_after_calls
 
-    def generate(self, prompts, *, n, temperature, max_new_tokens, seed):
+    def complete(self, prompts, *, n, temperature, max_new_tokens, seed):
         if self.fail_after_calls is not None and self.calls >= self.fail_after_calls:
             raise KeyboardInterrupt("simulated kill")
         self.calls += 1
@@ -213,15 +216,14 @@ def test_code_benchmarks_are_greedy_pass_at_1(shared_data, trusted_code_sandbox)
         rows = [json.loads(line) for line, _ in zip(fh, range(2))]
     solutions = {r["prompt"]: r["prompt"] + r["canonical_solution"] for r in rows}
 
-    class CodeBackend:
+    class CodeBackend(TextSampler):
         name = "fake-code"
-        tokenizer = None
 
         def __init__(self, broken: bool):
             self.broken = broken
             self.calls = []
 
-        def generate(self, prompts, *, n, temperature, max_new_tokens, seed):
+        def complete(self, prompts, *, n, temperature, max_new_tokens, seed):
             self.calls.append((n, temperature))
             out = []
             for p in prompts:

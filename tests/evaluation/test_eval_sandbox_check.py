@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,9 @@ from gmts.cli import main
 from gmts.eval.harness import EvalConfig, evaluate
 from gmts.rewards import SandboxUnavailableError
 from gmts.rewards.sandbox import _environment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _text_sampler import TextSampler  # noqa: E402
 
 BWRAP_OK = shutil.which("bwrap") is not None and _environment().bwrap_status()[0]
 
@@ -95,12 +100,11 @@ def test_code_benchmark_with_bwrap_gets_past_the_check(
 
 
 def test_evaluate_refuses_before_generating(no_bwrap: None, loads: list) -> None:
-    class Backend:
+    class Backend(TextSampler):
         name = "never-called"
-        tokenizer = None
         calls: list = []
 
-        def generate(self, prompts, **kwargs):
+        def complete(self, prompts, **kwargs):
             self.calls.append(prompts)
             return [["x"] for _ in prompts]
 

@@ -163,11 +163,11 @@ def test_end_of_turn_token_stops_sampling(make_byte_tokenizer):
 def test_vllm_backend_missing_package(monkeypatch, tmp_path):
     import sys
 
-    from gmts.eval.backends import VLLMBackend
+    from gmts.eval.backends import make_backend
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(ValueError, match="vllm backend needs the vllm package.*setup.sh vllm"):
-        VLLMBackend(BackendOptions(tmp_path))
+        make_backend("vllm", BackendOptions(tmp_path))
 
 
 def test_default_row_label():

@@ -8,6 +8,7 @@ the last number. The data is a three-row GSM8K file written here (no shared data
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ from gmts.eval.harness import EvalConfig, evaluate, partial_results_path, store_
 from gmts.eval.report import format_table
 from gmts.eval.results_store import ResultsStore, SettingsMismatchError
 from gmts.rewards import get_reward
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _text_sampler import TextSampler  # noqa: E402
 
 GOLDS = ["122", "18", "3"]
 
@@ -34,17 +38,16 @@ def gsm8k_dir(tmp_path: Path) -> Path:
     return folder.parent
 
 
-class ProseBackend:
+class ProseBackend(TextSampler):
     """Answers every question in prose, never boxed: sample j is right iff j is even."""
 
     name = "prose"
-    tokenizer = None
 
     def __init__(self, gold_by_prompt: dict[str, str]):
         self.gold_by_prompt = gold_by_prompt
         self.calls = 0
 
-    def generate(self, prompts, *, n, temperature, max_new_tokens, seed):
+    def complete(self, prompts, *, n, temperature, max_new_tokens, seed):
         self.calls += 1
         out = []
         for prompt in prompts:

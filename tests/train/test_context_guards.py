@@ -146,10 +146,12 @@ def test_analyze_budget_beyond_the_positions(tiny_dir, tmp_path, capsys):
     assert "task addition" in capsys.readouterr().err
 
 
-def test_hf_backend_refuses_before_sampling(tiny_dir):
-    from gmts.eval.backends import BackendOptions, HFBackend
+def test_eval_sampler_refuses_before_sampling(tiny_dir):
+    """gmts eval's hf sampler is given the model's context (64 positions)."""
+    from gmts.eval.backends import BackendOptions, make_backend
 
-    backend = HFBackend(BackendOptions(tiny_dir, device="cpu", dtype="float32"))
-    with pytest.raises(ContextError, match="hf backend"):
-        backend.generate(["1" * 40], n=1, temperature=1.0, max_new_tokens=30, seed=0)
-    assert len(backend.generate(["12+34="], n=2, temperature=1.0, max_new_tokens=5, seed=0)[0]) == 2
+    sampler = make_backend("hf", BackendOptions(tiny_dir, device="cpu", dtype="float32"))
+    kw = dict(num_samples=1, temperature=1.0, seed=0)
+    with pytest.raises(ValueError, match="the hf sampler: .* exceeds the model's context of 64"):
+        sampler.sample(["1" * 40], max_new_tokens=30, **kw)
+    assert sampler.sample(["12+34="], max_new_tokens=5, **kw).batch_size == 1

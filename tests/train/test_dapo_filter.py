@@ -38,7 +38,7 @@ class _Engine:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def generate(self, problems, *, num_samples, max_new_tokens, temperature, seed):
+    def sample(self, problems, *, num_samples, max_new_tokens, temperature, seed):
         eos = self.tokenizer.eos_token_id
         t = self.tokenizer.convert_tokens_to_ids
         wrong, right, long = [t("3"), eos], [t("4"), eos], [t("9")] * max_new_tokens

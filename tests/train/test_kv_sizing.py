@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM
 
-from gmts.eval.backends import VLLMBackend
+from gmts.eval.backends import CPU_KV_CAP_BYTES, eval_kv_cache_bytes
 from gmts.sampling.kv_sizing import (
     CPU_KV_BLOCK_TOKENS,
     KV_BLOCK_TOKENS,
@@ -25,7 +25,7 @@ from gmts.sampling.kv_sizing import (
 from gmts.sampling.vllm_engine import VLLMConfig
 from gmts.scale.distributed import DistInfo
 from gmts.train.config import load_config
-from gmts.train.engines import MIN_CPU_KV_BYTES, engine_kv_cache_bytes
+from gmts.train.rollout_engine import MIN_CPU_KV_BYTES, engine_kv_cache_bytes
 
 MIB, GIB = 2**20, 2**30
 
@@ -236,16 +236,16 @@ NO_CONTEXT = SimpleNamespace(num_attention_heads=2, hidden_size=64, num_hidden_l
 @pytest.mark.parametrize("on_gpu", [False, True])
 def test_eval_backend_asks_for_what_it_asked_for(model_config, config, dtype, on_gpu):
     before = _old_eval_bytes(config, model_config, dtype=dtype, on_gpu=on_gpu)
-    after = VLLMBackend.kv_cache_bytes(config, model_config, dtype=dtype, on_gpu=on_gpu)
+    after = eval_kv_cache_bytes(config, model_config, dtype=dtype, on_gpu=on_gpu)
     assert after == before
 
 
 def test_eval_backend_caps_a_long_context_model():
-    kv = VLLMBackend.kv_cache_bytes(VLLMConfig(), BIG, dtype="bfloat16", on_gpu=False)
-    assert kv == VLLMBackend.CPU_KV_CAP_BYTES
+    kv = eval_kv_cache_bytes(VLLMConfig(), BIG, dtype="bfloat16", on_gpu=False)
+    assert kv == CPU_KV_CAP_BYTES
     # one sequence of 8192 tokens of 32 layers x 8 kv heads x 128 wide x 2 x 2 bytes: 1 GiB
     huge_rows = LlamaConfig(**{**BIG.to_dict(), "max_position_embeddings": 8192 * 8})
-    kv = VLLMBackend.kv_cache_bytes(VLLMConfig(), huge_rows, dtype="bfloat16", on_gpu=False)
+    kv = eval_kv_cache_bytes(VLLMConfig(), huge_rows, dtype="bfloat16", on_gpu=False)
     assert kv == 8 * GIB  # the cap gives way to one whole sequence
 
 

@@ -246,9 +246,9 @@ def test_checkpoints_hold_the_adapters_and_every_reader_loads_base_plus_adapters
     from gmts.eval.backends import BackendOptions, make_backend
     from gmts.models.context import read_limit
 
-    backend = make_backend("hf", BackendOptions(model_path=run, device="cpu", dtype="float32"))
+    sampler = make_backend("hf", BackendOptions(model_path=run, device="cpu", dtype="float32"))
     assert torch.equal(
-        dict(backend.model.named_parameters())["transformer.wte.weight"],
+        dict(sampler.model.named_parameters())["transformer.wte.weight"],
         got["transformer.wte.weight"].cpu(),
     )
     assert read_limit(str(folder)).positions == 64

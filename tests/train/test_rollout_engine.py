@@ -1,7 +1,9 @@
 """rollout.engine without a GPU or vLLM (runs in .venv): the config section and its errors, the
-checks made before any model loads, the hf engine, the records that carry the engine's
-log-probs, the log-prob gap metric against a plain loop, and the memory plan's engine parts.
-The real engine's tests are in tests/vllm (they run in .venv-vllm)."""
+checks made before any model loads, the hf engine, the training wrapper's weight sync and
+sleep around a sampler that holds its own weights (the vllm sampler on a fake engine), the
+records that carry the engine's log-probs, the log-prob gap metric against a plain loop, and
+the memory plan's engine parts. The real engine's tests are in tests/vllm (they run in
+.venv-vllm)."""
 
 from __future__ import annotations
 
@@ -158,25 +160,19 @@ def _roll(folder: Path, seed: int = 0):
     )
 
 
-def test_hf_engine_is_the_kv_cached_sampler(tmp_path):
-    from gmts.sampling.rollout import generate_rollouts
+def _engine(model, tokenizer, *overrides: str):
+    """The trainer's rollout engine of ``overrides`` around ``model`` (replicated, on the CPU)."""
     from gmts.scale.distributed import DistInfo
     from gmts.scale.precision import Precision
     from gmts.scale.strategy import make_strategy
-    from gmts.train.engines import EngineInputs, make_engine
+    from gmts.train.rollout_engine import EngineInputs, make_engine
 
-    model, tokenizer, problems, _ = _roll(tmp_path)
-    reference = generate_rollouts(
-        model, tokenizer, problems, num_samples=2, max_new_tokens=6, seed=0, batch_size=2
-    )
-    cfg = load_config(None, ["rollout.generation_batch_size=2"])
-    strategy = make_strategy("replicate", DistInfo(), Precision(), torch.device("cpu"))
-    engine = make_engine(
+    return make_engine(
         EngineInputs(
-            cfg=cfg,
+            cfg=load_config(None, list(overrides)),
             model=model,
             tokenizer=tokenizer,
-            strategy=strategy,
+            strategy=make_strategy("replicate", DistInfo(), Precision(), torch.device("cpu")),
             info=DistInfo(),
             device=torch.device("cpu"),
             model_path="unused",
@@ -185,12 +181,102 @@ def test_hf_engine_is_the_kv_cached_sampler(tmp_path):
             max_new_tokens=6,
         )
     )
-    assert engine.name == "hf" and engine.metrics() == {}
+
+
+def test_hf_engine_is_the_kv_cached_sampler(tmp_path):
+    from gmts.sampling.rollout import generate_rollouts, resolve_stop_ids
+    from gmts.sampling.sampler import Sampler
+
+    model, tokenizer, problems, _ = _roll(tmp_path)
+    reference = generate_rollouts(
+        model, tokenizer, problems, num_samples=2, max_new_tokens=6, seed=0, batch_size=2
+    )
+    engine = _engine(model, tokenizer, "rollout.generation_batch_size=2")
+    assert isinstance(engine, Sampler) and engine.name == "hf" and engine.metrics() == {}
+    assert engine.stop_token_ids == resolve_stop_ids(tokenizer, model.generation_config)
     with engine.session():
-        roll = engine.generate(problems, num_samples=2, max_new_tokens=6, temperature=1.0, seed=0)
+        roll = engine.sample(problems, num_samples=2, max_new_tokens=6, temperature=1.0, seed=0)
     assert roll.completions == reference.completions  # rollout.generation_batch_size rows at once
     assert torch.equal(roll.response_ids, reference.response_ids)
     assert roll.engine_logprobs is None
+
+
+class _FakeVLLMEngine:
+    """:class:`gmts.sampling.vllm_engine.VLLMEngine`'s bookkeeping without vLLM, as on a GPU (sleep
+    mode unless ``sleep_mode=false``): what sleeps, and every call in order (``events``)."""
+
+    def __init__(self, model_path, config, *, dtype, seed, on_gpu, **kwargs) -> None:
+        self.config = config
+        self.sleeps = config.sleep_mode is not False
+        self.asleep: set[str] = set()
+        self.events: list[str] = []
+        self.loaded: dict[str, torch.dtype] = {}
+        self.torch_dtype = torch.bfloat16
+        self.generation_config = None
+        self.started = (str(model_path), kwargs["kv_cache_bytes"])
+
+    def sleep(self) -> None:
+        if self.sleeps and not self.asleep:
+            self.asleep = {"weights", "kv_cache"}
+            self.events.append("sleep")
+
+    def wake_up(self, tags=None) -> None:
+        parts = self.asleep & set(tags or self.asleep)
+        if parts:
+            self.events.append("wake " + "+".join(sorted(parts)))
+            self.asleep -= parts
+
+    def load_weights(self, weights) -> None:
+        assert "weights" not in self.asleep  # as the real engine refuses
+        self.loaded = {name: tensor.dtype for name, tensor in weights}
+        self.events.append("load")
+
+    def sample_rollouts(self, tokenizer, problems, **kw):
+        assert not self.asleep and kw["stop_token_ids"] == [tokenizer.eos_token_id]
+        self.events.append("sample")
+        return "rollout"
+
+
+SYNC = ["wake weights", "load"]  # the weights wake alone, the KV cache sleeps on
+ROUND = ["wake kv_cache", "sample", "sleep"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "start", "first", "later"),
+    [
+        # level 2 drops the weights it started with: every session sends them
+        (["rollout.vllm.sleep_level=2"], ["sleep"], SYNC + ROUND, SYNC + ROUND),
+        # level 1 keeps them aside: the first session has them
+        (["rollout.vllm.sleep_level=1"], ["sleep"], ["wake kv_cache+weights", "sample", "sleep"],
+         SYNC + ROUND),
+        # no sleep mode: nothing sleeps, the weights are sent after every update
+        (["rollout.vllm.sleep_mode=false"], [], ["sample"], ["load", "sample"]),
+    ],
+)  # fmt: skip
+def test_the_engine_syncs_and_sleeps_a_sampler_with_its_own_weights(
+    tmp_path, monkeypatch, overrides, start, first, later
+):
+    """The vllm sampler (a fake engine under it) in the training wrapper: the calls the former
+    vllm rollout engine made, in its order; the policy's weights sent whole, cast to the
+    engine's dtype (a tied weight under each of its names); ``time/weight_sync_s`` set when
+    they were sent."""
+    import gmts.sampling.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "VLLMEngine", _FakeVLLMEngine)
+    model, tokenizer, problems, _ = _roll(tmp_path)
+    engine = _engine(model, tokenizer, "rollout.engine=vllm", *overrides)
+    fake = engine.sampler.engine
+    assert fake.started[0] == "unused" and fake.started[1] > 0  # a CPU run sizes the KV cache
+    assert fake.events == start
+    kw = dict(num_samples=2, max_new_tokens=6, temperature=1.0, seed=0)
+    for expected in (first, later):
+        fake.events.clear()
+        with engine.session():
+            assert engine.sample(problems, **kw) == "rollout"
+        assert fake.events == expected
+        assert (engine.metrics()["time/weight_sync_s"] > 0) == ("load" in expected)
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]  # tied: both names
+    assert fake.loaded == dict.fromkeys(names, torch.bfloat16)
 
 
 def test_engine_logprobs_travel_with_the_rows(tmp_path):
@@ -225,7 +311,7 @@ def test_logprob_gap_metrics_match_a_plain_loop():
     from gmts.core.logprobs import TokenStatistics
     from gmts.scale.distributed import DistInfo
     from gmts.train.batch import TrainBatch
-    from gmts.train.engines import logprob_gap_metrics
+    from gmts.train.rollout_engine import logprob_gap_metrics
 
     g = torch.Generator().manual_seed(0)
     B, T = 5, 7

@@ -124,7 +124,7 @@ def test_bad_settings_name_the_key(overrides, message):
 
 
 def test_prepack_needs_a_float32_cpu_run():
-    from gmts.train.engines import check_engine
+    from gmts.train.rollout_engine import check_engine
 
     cfg = load_config(None, ["rollout.prepack_weights=true", "model.dtype=bfloat16"])
     with pytest.raises(ValueError, match="model.dtype=bfloat16"):
@@ -189,7 +189,7 @@ def _engine_roll(tmp_path: Path, model, tokenizer, problems, *overrides: str, nu
     from gmts.scale.distributed import DistInfo
     from gmts.scale.precision import Precision
     from gmts.scale.strategy import make_strategy
-    from gmts.train.engines import EngineInputs, make_engine
+    from gmts.train.rollout_engine import EngineInputs, make_engine
 
     cfg = load_config(None, list(overrides))
     strategy = make_strategy("replicate", DistInfo(), Precision(), torch.device("cpu"))
@@ -208,7 +208,7 @@ def _engine_roll(tmp_path: Path, model, tokenizer, problems, *overrides: str, nu
         )
     )
     with engine.session():
-        return engine.generate(
+        return engine.sample(
             problems,
             num_samples=num_samples,
             max_new_tokens=8,

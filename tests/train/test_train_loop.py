@@ -304,7 +304,8 @@ def test_update_in_one_pass_equals_scoring_then_updating(tiny_dir):
 def test_reward_errors_and_overlong_penalty_by_hand():
     import math
 
-    from gmts.train.collect import overlong_penalty, score_rewards
+    from gmts.train.collect import overlong_penalty
+    from gmts.train.sources import score_rewards
 
     def reward(completion: str, answer: str) -> float:
         if completion == "boom":

@@ -12,8 +12,8 @@ import gmts.train.trainer as trainer
 from gmts.cli import main
 from gmts.rewards import SandboxUnavailableError, code_reward
 from gmts.rewards.sandbox import _environment
-from gmts.train.collect import score_rewards
 from gmts.train.config import load_config
+from gmts.train.sources import score_rewards
 
 BWRAP_OK = shutil.which("bwrap") is not None and _environment().bwrap_status()[0]
 CODE = ["data.dataset=mbpp", "data.reward=code", "data.template=code"]

@@ -1,5 +1,6 @@
 """The vllm sampler of the sampling protocol (gmts.sampling.sampler) against the real engine, on
-the embedded warm start in float32: a stop id the caller passes ends the answer there.
+the embedded warm start in float32: the sampler's stop rule (``stop_token_ids``, read by every
+call) ends the answer there.
 
 Runs in .venv-vllm (bash scripts/setup.sh vllm); skips where vllm is not installed.
 """
@@ -41,19 +42,21 @@ def sampler():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_stop_id_passed_ends_the_answer_there(sampler, temperature):
+def test_the_samplers_stop_id_ends_the_answer_there(sampler, temperature, monkeypatch):
     from gmts.embedded.tasks import get_task
+    from gmts.sampling.rollout import resolve_stop_ids
 
     problems = get_task("addition").sample(8, random.Random(0))
     kw = dict(num_samples=1, max_new_tokens=12, temperature=temperature, seed=4)
-    eos = sampler.tokenizer.eos_token_id
-    free = sampler.sample(problems, stop_token_ids=[eos], **kw)
+    assert sampler.stop_token_ids == resolve_stop_ids(sampler.tokenizer, sampler.generation_config)
+    free = sampler.sample(problems, **kw)
     row = max(range(8), key=lambda i: int(free.response_lengths[i]))  # the longest answer
     tokens = free.response_ids[row, : int(free.response_lengths[row])].tolist()
     assert len(tokens) >= 3
     stop = tokens[1]
     end = tokens.index(stop) + 1
-    stopped = sampler.sample([problems[row]], stop_token_ids=[stop], **kw)
+    monkeypatch.setattr(sampler, "stop_token_ids", [stop])  # one engine per process
+    stopped = sampler.sample([problems[row]], **kw)
     assert stopped.response_ids[0, : int(stopped.response_lengths[0])].tolist() == tokens[:end]
     assert bool(stopped.finished[0])
     assert stopped.completions == [sampler.tokenizer.decode(tokens[:end], skip_special_tokens=True)]

@@ -1,40 +1,66 @@
-"""Text-generation backends for the evaluation harness, by name: ``hf`` and ``vllm``.
+"""``gmts eval``'s samplers: a :class:`gmts.sampling.sampler.Sampler` (``--backend``: any name in
+:data:`gmts.sampling.sampler.SAMPLERS`, ``hf`` or ``vllm``) loaded for evaluation.
 
-A backend turns prompt strings into ``n`` completion strings each. All backends share one
-signature (:class:`GenerationBackend`), so the harness never special-cases one; tests plug in a
-fake. ``temperature == 0`` means greedy decoding.
+:func:`make_backend` builds one from :class:`BackendOptions`, with eval's stop rule (the chat
+template's end-of-turn token in place of eos: :func:`end_of_turn_id`) and the model's context
+(a prompt + budget beyond it is refused before sampling). The harness
+(:mod:`gmts.eval.harness`) calls its ``sample`` and groups the completions by prompt
+(:func:`group_completions`), so it never asks which sampler it has; tests plug in a fake one.
+``temperature == 0`` means greedy decoding.
 
 - ``hf``: Hugging Face ``transformers`` on CPU or GPU, sampling through
   :func:`gmts.sampling.rollout.generate_rollouts`, the same KV-cached sampler training uses.
-- ``vllm``: vLLM's offline engine when the package is installed (import guarded), through the
-  engine wrapper the trainer uses (:mod:`gmts.sampling.vllm_engine`), with the same sampling
+- ``vllm``: vLLM's offline engine when the package is installed (import guarded), the engine
+  wrapper the trainer uses (:mod:`gmts.sampling.vllm_engine`), with the same sampling
   semantics as ``hf`` (on the embedded warm start in float32 the greedy answers of the two are
   identical: tests/vllm/test_vllm_eval.py).
 
-Both sample through the one sampling protocol the trainer's engines use
-(:mod:`gmts.sampling.sampler`), stopping at the chat template's end-of-turn token in place of
-eos (:func:`end_of_turn_id`). Also here: :func:`check_benchmarks_fit`, the context guard ``gmts eval`` runs before loading a
-model. Model paths are resolved and models loaded by :mod:`gmts.models.loading`.
+What is loaded depends on the sampler's capability, not on its name: one that holds its own
+weights (:class:`gmts.sampling.sampler.HoldsWeights`: vllm) starts from the model folder, which
+must hold a whole model (:func:`check_whole_model`), with a KV cache sized by
+:func:`eval_kv_cache_bytes`; any other is given the model, loaded by
+:mod:`gmts.models.loading`. Also here: :func:`check_benchmarks_fit`, the context guard
+``gmts eval`` runs before loading a model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from gmts._registry import Registry
 from gmts.models.loading import (
     load_model,
+    load_model_config,
     load_tokenizer,
     pick_device,
     resolve_model_path,
     torch_dtype,
 )
 from gmts.sampling.kv_sizing import KVShape, vllm_kv_cache_bytes
-from gmts.sampling.sampler import Sampler, SamplerInputs, eos_stop_ids, make_sampler
-from gmts.sampling.vllm_engine import VLLMConfig, check_engine_can_start
+from gmts.sampling.sampler import SAMPLERS, Sampler, SamplerInputs, holds_weights
+from gmts.sampling.vllm_engine import VLLMConfig
+
+__all__ = [
+    "BackendOptions",
+    "available_backends",
+    "check_benchmarks_fit",
+    "check_whole_model",
+    "end_of_turn_id",
+    "eval_kv_cache_bytes",
+    "group_completions",
+    "make_backend",
+]
+
+CPU_ROWS = 256
+"""A CPU engine's KV cache holds this many sequences of the model's whole context (at most
+:data:`CPU_KV_CAP_BYTES`): the prompts are not known when the engine is built."""
+
+CPU_KV_CAP_BYTES = 4 * 2**30
+"""The most KV cache a CPU engine is given (vLLM would otherwise reserve
+``gpu_memory_utilization`` of the machine's RAM)."""
 
 
 @dataclass(frozen=True)
@@ -68,36 +94,6 @@ class BackendOptions:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-
-
-@runtime_checkable
-class GenerationBackend(Protocol):
-    """What the harness needs from a generator.
-
-    Attributes:
-        name: backend name (recorded in the results).
-        tokenizer: the tokenizer whose chat template formats the prompts, or None (plain text).
-    """
-
-    name: str
-    tokenizer: Any
-
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int,
-    ) -> list[list[str]]:
-        """``n`` completions for each prompt: a list of ``len(prompts)`` lists of ``n`` strings.
-
-        The completions are decoded without special tokens. The same ``(prompts, n,
-        temperature, max_new_tokens, seed)`` must give the same completions (on the same
-        hardware): resumed evaluations rely on it.
-        """
-        ...
 
 
 # ------------------------------------------------------------------------------------------
@@ -140,75 +136,95 @@ def check_benchmarks_fit(
 
 
 # ------------------------------------------------------------------------------------------
-# the backends: a gmts.sampling sampler with eval's stop rule
+# the sampler
 
 
-class _SamplerBackend:
-    """What both backends share: prompts checked against the context, sampled through
-    ``self.sampler`` (:class:`gmts.sampling.sampler.Sampler`) with eval's stop rule (the chat
-    template's end-of-turn token in place of eos: :func:`end_of_turn_id`), completions grouped
-    by prompt."""
-
-    name: str
-    tokenizer: Any
-    sampler: Sampler
-    context: int | None
-
-    def generate(
-        self,
-        prompts: list[str],
-        *,
-        n: int,
-        temperature: float,
-        max_new_tokens: int,
-        seed: int,
-    ) -> list[list[str]]:
-        from gmts.embedded.tasks import Problem
-        from gmts.models.context import check_fits, longest_prompt
-
-        check_fits(  # a clear error instead of an IndexError deep in the position embedding
-            prompt_tokens=longest_prompt(self.tokenizer, prompts),
-            new_tokens=max_new_tokens,
-            limit=self.context,
-            what=f"{self.name} backend",
-            settings="max_new_tokens (gmts eval --max-new-tokens)",
-        )
-        rollout = self.sampler.sample(
-            [Problem(prompt=p, answer="") for p in prompts],
-            num_samples=n,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            stop_token_ids=eos_stop_ids(self.sampler, end_of_turn_id(self.tokenizer)),
-        )
-        return group_completions(rollout.completions, rollout.group_ids, len(prompts), n)
-
-    def close(self) -> None:
-        """Release the sampler (frees the vllm engine's memory)."""
-        self.sampler.close()
+def available_backends() -> list[str]:
+    """The ``--backend`` names: the samplers (whether or not their package is installed)."""
+    return SAMPLERS.names()
 
 
-class HFBackend(_SamplerBackend):
-    """Generation with a ``transformers`` causal LM and :func:`generate_rollouts`.
+def make_backend(name: str, options: BackendOptions) -> Sampler:
+    """The sampler ``name`` for ``gmts eval``, loaded from ``options`` (see the module
+    docstring); what cannot start on this machine is refused before anything loads.
 
-    Built from :class:`BackendOptions`: ``model_path``, ``device``, ``dtype``, ``batch_size``.
+    Keys of ``options.engine_kwargs`` that are :class:`VLLMConfig` fields (e.g.
+    ``enforce_eager`` or ``kv_cache_gib``) set those fields; the rest go to ``vllm.LLM``.
     """
+    import torch
 
-    name = "hf"
+    sampler_class = SAMPLERS.get(name)  # an unknown name lists the valid ones
+    own_weights = holds_weights(name)
+    engine = _engine_config(options) if own_weights else None
+    on_gpu = torch.cuda.is_available()
+    who = f"the {name} backend"
+    sampler_class.preflight(SamplerInputs(None, vllm=engine, on_gpu=on_gpu), who=who)
+    if own_weights:
+        check_whole_model(options.model_path, who)
+    model_path = resolve_model_path(options.model_path)
+    tokenizer = load_tokenizer(model_path, pad_token=False)
+    model_config = load_model_config(model_path)
+    from gmts.models.context import context_limit
 
-    def __init__(self, options: BackendOptions) -> None:
-        self.model_path = resolve_model_path(options.model_path)
-        self.device = pick_device(options.device)
-        self.tokenizer = load_tokenizer(self.model_path, pad_token=False)
-        self.model = load_model(
-            self.model_path, dtype=torch_dtype(options.dtype, self.device), training=False
-        ).to(self.device)
-        self.sampler = make_sampler(
-            "hf", SamplerInputs(self.tokenizer, model=self.model, batch_size=options.batch_size)
+    limit = context_limit(model_config, tokenizer, str(model_path))
+    inputs = SamplerInputs(
+        tokenizer,
+        eos_token_id=end_of_turn_id(tokenizer),
+        context=None if limit is None else limit.positions,
+        batch_size=options.batch_size,
+    )
+    if own_weights:
+        kv = eval_kv_cache_bytes(engine, model_config, dtype=options.dtype, on_gpu=on_gpu)
+        inputs = dataclasses.replace(
+            inputs,
+            model_path=model_path,
+            vllm=engine,
+            dtype=options.dtype,
+            seed=options.seed,
+            on_gpu=on_gpu,
+            kv_cache_bytes=kv,
         )
-        from gmts.models.context import context_limit
+    else:
+        device = pick_device(options.device)
+        model = load_model(model_path, dtype=torch_dtype(options.dtype, device), training=False)
+        inputs = dataclasses.replace(inputs, model=model.to(device))
+    return sampler_class(inputs)
 
-        self.context = context_limit(self.model.config, self.tokenizer, str(self.model_path))
+
+def _engine_config(options: BackendOptions) -> VLLMConfig:
+    """The engine settings of ``options``: ``gpu_memory_utilization``, and the
+    ``engine_kwargs`` that are :class:`VLLMConfig` fields (the rest stay ``engine_kwargs``)."""
+    fields = {f.name for f in dataclasses.fields(VLLMConfig)}
+    extra = dict(options.engine_kwargs)
+    return VLLMConfig(
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        **{k: extra.pop(k) for k in list(extra) if k in fields},
+        engine_kwargs=extra,
+    )
+
+
+def eval_kv_cache_bytes(
+    config: VLLMConfig, model_config: Any, *, dtype: str, on_gpu: bool
+) -> int | None:
+    """The engine's KV cache (:func:`gmts.sampling.kv_sizing.vllm_kv_cache_bytes`):
+    ``kv_cache_gib`` when set; on a GPU otherwise None (vLLM's ``gpu_memory_utilization``); on
+    a CPU :data:`CPU_ROWS` sequences of the engine's whole context (the model's, else 4096
+    tokens), at most :data:`CPU_KV_CAP_BYTES`, at least one sequence. The prompts are not
+    known when the engine is built, hence the whole context."""
+    return vllm_kv_cache_bytes(
+        config,
+        KVShape.from_config(model_config),
+        dtype=dtype,
+        on_gpu=on_gpu,
+        rows=CPU_ROWS,
+        tokens=None,
+        context=getattr(model_config, "max_position_embeddings", None) or 4096,
+        cap_bytes=CPU_KV_CAP_BYTES,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# eval's stop rule, the completions by prompt, the whole-model check
 
 
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
@@ -254,10 +270,6 @@ def group_completions(
     return grouped
 
 
-# ------------------------------------------------------------------------------------------
-# vLLM backend
-
-
 def check_whole_model(model_path: str | os.PathLike[str], who: str) -> None:
     """ValueError when ``model_path`` designates LoRA adapters (a LoRA run's checkpoint), which
     ``who`` cannot load: it needs a whole model, which ``gmts export`` writes (merged)."""
@@ -270,98 +282,3 @@ def check_whole_model(model_path: str | os.PathLike[str], who: str) -> None:
             f"merged model with `gmts export {model_path} OUT_DIR` and evaluate OUT_DIR, or use "
             "--backend hf (which merges the adapters itself)"
         )
-
-
-class VLLMBackend(_SamplerBackend):
-    """Generation with vLLM's offline engine, through the same colocated engine wrapper the
-    trainer samples with (:class:`gmts.sampling.vllm_engine.VLLMEngine`).
-
-    The same sampling semantics as ``hf``: prompts tokenized as the hf backend does (no special
-    tokens added), plain softmax at the temperature, a row ends at the same stop ids (the
-    chat template's end-of-turn token included), completions decoded the same way. Each row's
-    request carries its own seed (from the call's seed and the row), so results do not depend
-    on which other prompts share the engine's batch. Built from :class:`BackendOptions`:
-    ``model_path``, ``dtype``, ``seed``, ``gpu_memory_utilization``, ``engine_kwargs`` (keys
-    that are :class:`VLLMConfig` fields, e.g. ``enforce_eager`` or ``kv_cache_gib``, set those
-    fields; the rest go to ``vllm.LLM``). On a CPU the KV cache is sized for
-    :data:`CPU_ROWS` sequences of the model's whole context, at most :data:`CPU_KV_CAP_BYTES`
-    (vLLM would otherwise reserve ``gpu_memory_utilization`` of the machine's RAM).
-    """
-
-    name = "vllm"
-    CPU_ROWS = 256
-    CPU_KV_CAP_BYTES = 4 * 2**30
-
-    def __init__(self, options: BackendOptions) -> None:
-        import dataclasses
-
-        import torch
-
-        fields = {f.name for f in dataclasses.fields(VLLMConfig)}
-        extra = dict(options.engine_kwargs)
-        config = VLLMConfig(
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            **{k: extra.pop(k) for k in list(extra) if k in fields},
-            engine_kwargs=extra,
-        )
-        on_gpu = torch.cuda.is_available()
-        check_engine_can_start(config, on_gpu=on_gpu, who="the vllm backend")
-        check_whole_model(options.model_path, "the vllm backend")
-        self.model_path = resolve_model_path(options.model_path)
-        self.tokenizer = load_tokenizer(self.model_path, pad_token=False)
-        from transformers import AutoConfig
-
-        from gmts.models.context import context_limit
-
-        model_config = AutoConfig.from_pretrained(self.model_path)
-        self.context = context_limit(model_config, self.tokenizer, str(self.model_path))
-        kv = self.kv_cache_bytes(config, model_config, dtype=options.dtype, on_gpu=on_gpu)
-        inputs = SamplerInputs(
-            self.tokenizer,
-            model_path=self.model_path,
-            vllm=config,
-            dtype=options.dtype,
-            seed=options.seed,
-            on_gpu=on_gpu,
-            kv_cache_bytes=kv,
-        )
-        self.sampler = make_sampler("vllm", inputs)
-
-    @classmethod
-    def kv_cache_bytes(
-        cls, config: VLLMConfig, model_config: Any, *, dtype: str, on_gpu: bool
-    ) -> int | None:
-        """The engine's KV cache (:func:`gmts.sampling.kv_sizing.vllm_kv_cache_bytes`):
-        ``kv_cache_gib`` when set; on a GPU otherwise None (vLLM's ``gpu_memory_utilization``);
-        on a CPU :data:`CPU_ROWS` sequences of the engine's whole context (the model's, else
-        4096 tokens), at most :data:`CPU_KV_CAP_BYTES`, at least one sequence. The prompts are
-        not known when the engine is built, hence the whole context."""
-        return vllm_kv_cache_bytes(
-            config,
-            KVShape.from_config(model_config),
-            dtype=dtype,
-            on_gpu=on_gpu,
-            rows=cls.CPU_ROWS,
-            tokens=None,
-            context=getattr(model_config, "max_position_embeddings", None) or 4096,
-            cap_bytes=cls.CPU_KV_CAP_BYTES,
-        )
-
-
-# ------------------------------------------------------------------------------------------
-# registry
-
-BackendFactory = Callable[[BackendOptions], GenerationBackend]
-_BACKENDS: Registry[BackendFactory] = Registry("backend")
-_BACKENDS.add("hf", HFBackend)
-_BACKENDS.add("vllm", VLLMBackend)
-
-
-def available_backends() -> list[str]:
-    """Names of the backends (whether or not their package is installed)."""
-    return _BACKENDS.names()
-
-
-def make_backend(name: str, options: BackendOptions) -> GenerationBackend:
-    """Build the backend ``name`` from ``options``; unknown names list the valid ones."""
-    return _BACKENDS.get(name)(options)

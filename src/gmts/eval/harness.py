@@ -1,12 +1,14 @@
 """The evaluation harness behind ``gmts eval``: sample, verify, score, resume.
 
 For each benchmark the questions are cut, in file order, into chunks of
-``max(1, batch_size // n)`` questions. Each chunk is one backend call with its own seed,
-derived from ``(seed, benchmark, chunk index)``; so a chunk's completions do not depend on which
-other chunks ran in this process, and a resumed run reproduces exactly what a one-shot run
-would have produced (same hardware, same batch size). Each finished question is appended to the
-JSONL store (:mod:`gmts.eval.results_store`) at once; a rerun skips the chunks whose questions
-are all recorded.
+``max(1, batch_size // n)`` questions. Each chunk is one call of the sampler (the one sampling
+protocol, :class:`gmts.sampling.sampler.Sampler`; ``gmts eval`` loads it with
+:func:`gmts.eval.backends.make_backend`) with its own seed, derived from ``(seed, benchmark,
+chunk index)``; so a chunk's completions do not depend on which other chunks ran in this
+process, and a resumed run reproduces exactly what a one-shot run would have produced (same
+hardware, same batch size). Each finished question is appended to the JSONL store
+(:mod:`gmts.eval.results_store`) at once; a rerun skips the chunks whose questions are all
+recorded.
 
 Metrics: sampled benchmarks report average@n, the mean over questions of the mean reward of
 the question's n samples (:func:`gmts.core.metrics.average_at_k`); greedy (code) benchmarks
@@ -23,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gmts.eval.backends import GenerationBackend
+from gmts.eval.backends import group_completions
 from gmts.eval.benchmarks import (
     EvalBenchmark,
     FileFields,
@@ -37,6 +39,7 @@ from gmts.eval.benchmarks import (
 from gmts.eval.report import BenchmarkResult, EvalReport
 from gmts.eval.results_store import QuestionRecord, ResultsStore
 from gmts.rewards.sandbox import BACKENDS as SANDBOX_BACKENDS
+from gmts.sampling.sampler import Sampler
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class EvalConfig:
         max_new_tokens: generation budget; None = each benchmark's default.
         limit: evaluate only the first ``limit`` questions of each benchmark.
         seed: base seed of the per-chunk seeds.
-        batch_size: sequences per backend call (a chunk holds ``max(1, batch_size // n)``
+        batch_size: sequences per sampler call (a chunk holds ``max(1, batch_size // n)``
             questions). Changing it changes which samples are drawn, not their distribution.
         data_dir: folder of the benchmark files (loader default when None).
         code_timeout: seconds per program for code benchmarks.
@@ -153,14 +156,15 @@ def _progress(total: int, initial: int, desc: str, enabled: bool):
 
 
 def evaluate_benchmark(
-    backend: GenerationBackend,
+    sampler: Sampler,
     bench: EvalBenchmark,
     config: EvalConfig,
     store: ResultsStore | None = None,
     *,
     progress: bool = True,
 ) -> BenchmarkResult:
-    """Generate, verify and score every question of ``bench`` not yet in ``store``."""
+    """Generate (inside one ``sampler.session()``), verify and score every question of
+    ``bench`` not yet in ``store``."""
     from gmts.core.metrics import average_at_k
 
     spec = bench.spec
@@ -175,23 +179,19 @@ def evaluate_benchmark(
             if record is not None:
                 done[item.id] = record
 
-    bar = _progress(len(items), len(done), spec.display, progress)
-    try:
+    with _progress(len(items), len(done), spec.display, progress) as bar, sampler.session():
         for chunk_index, start in enumerate(range(0, len(items), per_chunk)):
             chunk = items[start : start + per_chunk]
             if all(item.id in done for item in chunk):
                 continue
-            outputs = backend.generate(
+            rollout = sampler.sample(
                 [item.prompt for item in chunk],
-                n=n,
+                num_samples=n,
                 temperature=temperature,
                 max_new_tokens=max_new_tokens,
                 seed=derive_seed(config.seed, spec.name, chunk_index),
             )
-            if len(outputs) != len(chunk) or any(len(o) != n for o in outputs):
-                raise RuntimeError(
-                    f"backend {backend.name!r} returned the wrong number of completions"
-                )
+            outputs = group_completions(rollout.completions, rollout.group_ids, len(chunk), n)
             new_records = []
             for item, completions in zip(chunk, outputs):
                 if item.id in done:
@@ -211,8 +211,6 @@ def evaluate_benchmark(
             if store is not None:
                 store.add(new_records)
             bar.update(len(new_records))
-    finally:
-        bar.close()
 
     import torch
 
@@ -232,7 +230,7 @@ def evaluate_benchmark(
 
 
 def evaluate(
-    backend: GenerationBackend,
+    sampler: Sampler,
     benchmarks: Sequence[str] | str,
     config: EvalConfig | None = None,
     *,
@@ -242,10 +240,11 @@ def evaluate(
     fresh: bool = False,
     progress: bool = True,
 ) -> EvalReport:
-    """Evaluate ``backend`` on ``benchmarks`` and return the report (table + per question).
+    """Evaluate ``sampler`` on ``benchmarks`` and return the report (table + per question).
 
     Args:
-        backend: a :class:`GenerationBackend` (its tokenizer formats the prompts).
+        sampler: a :class:`gmts.sampling.sampler.Sampler` (``make_backend`` loads one; its
+            tokenizer, or None, formats the prompts; its name is recorded as the backend).
         benchmarks: names (or one comma-separated string) of :func:`available_eval_benchmarks`.
         config: sampling settings; defaults to the paper's (n=16, temperature 1.0).
         model_name: the row label of the table.
@@ -262,7 +261,7 @@ def evaluate(
     for name in names:  # a code benchmark under a verifier override fails before generating
         verifier_override(name, config.verifier)
     sandbox = code_sandbox(names, config.sandbox)  # fails before generating anything
-    settings = store_settings(model_id or model_name, backend.name, config)
+    settings = store_settings(model_id or model_name, sampler.name, config)
     if isinstance(results_path, ResultsStore):
         store: ResultsStore | None = results_path
         if store.settings != ResultsStore.normalise(settings):
@@ -275,14 +274,14 @@ def evaluate(
     for name in names:
         bench = load_eval_benchmark(
             name,
-            tokenizer=getattr(backend, "tokenizer", None),
+            tokenizer=sampler.tokenizer,
             data_dir=config.data_dir,
             limit=config.limit,
             code_timeout=config.code_timeout,
             sandbox=sandbox,
             verifier=config.verifier,
         )
-        results.append(evaluate_benchmark(backend, bench, config, store, progress=progress))
+        results.append(evaluate_benchmark(sampler, bench, config, store, progress=progress))
     settings = {**settings, **{k: v for k, v in asdict(config).items() if k not in settings}}
     settings["benchmarks"] = names
     settings["sandbox"] = sandbox  # the backend the code ran in (None: no code benchmark)

@@ -1,6 +1,7 @@
 """How large a KV cache the colocated vLLM engine (:mod:`gmts.sampling.vllm_engine`) is given:
-one sizing for the trainer's rollout engine (:mod:`gmts.train.engines`), the ``vllm`` eval
-backend (:mod:`gmts.eval.backends`) and the memory plan (:mod:`gmts.scale.memory_plan`).
+one sizing for the trainer's rollout engine (:mod:`gmts.train.rollout_engine`), ``gmts eval``'s
+``vllm`` sampler (:mod:`gmts.eval.backends`) and the memory plan
+(:mod:`gmts.scale.memory_plan`).
 
 - :class:`KVShape`: the model sizes the cache depends on, from its ``transformers`` config;
 - :func:`kv_cache_bytes`: the formula, ``rows`` sequences of ``tokens`` tokens, each rounded

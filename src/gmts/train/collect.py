@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,32 +10,11 @@ import torch
 
 from gmts.core.advantages import dynamic_sampling_keep, group_advantages
 from gmts.core.distributed import all_reduce_sum
-from gmts.rewards.sandbox import SandboxUnavailableError
+from gmts.sampling.sampler import Sampler
 from gmts.scale.distributed import DistInfo
 from gmts.train.batch import TrainBatch
 from gmts.train.config import RolloutConfig
-from gmts.train.engines import RolloutEngine
-from gmts.train.sources import QuestionSource, RewardFn
-
-
-def score_rewards(
-    reward_fn: RewardFn, completions: list[str], answers: list[str]
-) -> tuple[torch.Tensor, int]:
-    """``(B,)`` float32 rewards and the number of samples whose reward function raised or
-    returned a non-finite value (those get 0: one bad verifier call never stops a run). A
-    ``SandboxUnavailableError`` (code rewards without their sandbox) is raised, not counted."""
-    values, errors = [], 0
-    for completion, answer in zip(completions, answers):
-        try:
-            value = float(reward_fn(completion, answer))
-            if not math.isfinite(value):
-                raise ValueError("non-finite reward")
-        except SandboxUnavailableError:  # no sandbox: every code reward would be a silent 0
-            raise
-        except Exception:  # any failure of a user reward: 0 for this sample, counted
-            value, errors = 0.0, errors + 1
-        values.append(value)
-    return torch.tensor(values, dtype=torch.float32), errors
+from gmts.train.sources import QuestionSource, RewardFn, score_rewards
 
 
 def overlong_penalty(
@@ -151,7 +129,7 @@ class _Rounds:
 
 
 def collect_batch(
-    engine: RolloutEngine,
+    engine: Sampler,
     source: QuestionSource,
     reward_fn: RewardFn,
     r: RolloutConfig,
@@ -162,8 +140,9 @@ def collect_batch(
     info: DistInfo,
     device: torch.device,
 ) -> CollectedBatch:
-    """This rank's rollout batch for ``step`` (on ``device``) and its global sums; call it
-    inside ``engine.session()``.
+    """This rank's rollout batch for ``step`` (on ``device``) and its global sums, sampled by
+    ``engine`` (the trainer's :class:`gmts.train.rollout_engine.RolloutEngine`, or any
+    sampler); call it inside ``engine.session()``.
 
     Every rank draws the same ``questions_per_batch`` questions from ``source`` each round and
     generates for its contiguous slice. With dynamic sampling, groups whose rewards are all
@@ -178,7 +157,7 @@ def collect_batch(
         problems = source.next(r.questions_per_batch)  # identical on every rank
         if acc.have < n_local:
             mine = problems[info.rank * n_local : (info.rank + 1) * n_local]
-            roll = engine.generate(
+            roll = engine.sample(
                 mine,
                 num_samples=r.group_size,
                 max_new_tokens=max_new_tokens,

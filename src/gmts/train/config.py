@@ -254,12 +254,12 @@ class RolloutConfig:
     )
 
     def __post_init__(self) -> None:
-        from gmts.train.engines import available_engines
+        from gmts.sampling.sampler import SAMPLERS
 
         _check(
-            self.engine in available_engines(),
+            self.engine in SAMPLERS,
             "rollout.engine",
-            f"expected one of {available_engines()}, got {self.engine!r}",
+            f"expected one of {SAMPLERS.names()}, got {self.engine!r}",
         )
         _check(self.questions_per_batch >= 1, "rollout.questions_per_batch", "must be >= 1")
         _check(self.group_size >= 1, "rollout.group_size", "must be >= 1")

@@ -28,7 +28,7 @@ from gmts.models.lora import check_targets
 from gmts.scale.distributed import DistInfo
 from gmts.scale.memory_plan import GIB, MemoryPlan, PlanSettings, check_fits_device, plan_memory
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
-from gmts.train.engines import check_engine
+from gmts.train.rollout_engine import check_engine
 from gmts.train.sources import DatasetSource
 
 Rows = list[tuple[str, str]]  # a dataset's (question, answer) pairs (sources.load_examples)

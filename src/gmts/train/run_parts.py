@@ -42,10 +42,10 @@ from gmts.scale.strategy import Strategy
 from gmts.train import preflight
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
 from gmts.train.correction import RolloutCorrection
-from gmts.train.engines import EngineInputs, RolloutEngine, make_engine
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import build_policy, resolve_base_path
 from gmts.train.restore import RestoredCounters, restore_trainer_state
+from gmts.train.rollout_engine import EngineInputs, RolloutEngine, make_engine
 from gmts.train.run_folder import ResumeMode, RunStart, prepare_run_folder, record_start
 from gmts.train.scoring import TokenScorer
 from gmts.train.sources import (
@@ -392,7 +392,7 @@ def start_engine(
     cfg: TrainConfig, model: ModelParts, data: DataParts, processes: Processes
 ) -> RolloutEngine:
     """Who samples (``rollout.engine``): the policy itself, or a colocated vLLM engine started
-    from the same weights (:mod:`gmts.train.engines`)."""
+    from the same weights (:mod:`gmts.train.rollout_engine`)."""
     return make_engine(
         EngineInputs(
             cfg=cfg,

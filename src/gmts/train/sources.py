@@ -1,4 +1,5 @@
-"""Where training questions come from: a built-in task or a dataset file.
+"""Where training questions come from: a built-in task or a dataset file, and how their answers
+are rewarded (:func:`score_rewards`).
 
 Both sources are deterministic in the run seed and expose their position as a small
 ``state_dict`` (saved in checkpoints), so a resumed run draws exactly the questions the
@@ -8,15 +9,39 @@ questions; the trainer gives each rank its slice.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from gmts.embedded.tasks import Problem
+from gmts.rewards.sandbox import SandboxUnavailableError
 
 RewardFn = Callable[[str, str], float]
+
+
+def score_rewards(
+    reward_fn: RewardFn, completions: list[str], answers: list[str]
+) -> tuple[torch.Tensor, int]:
+    """``(B,)`` float32 rewards and the number of samples whose reward function raised or
+    returned a non-finite value (those get 0: one bad verifier call never stops a run). A
+    ``SandboxUnavailableError`` (code rewards without their sandbox) is raised, not counted."""
+    values, errors = [], 0
+    for completion, answer in zip(completions, answers):
+        try:
+            value = float(reward_fn(completion, answer))
+            if not math.isfinite(value):
+                raise ValueError("non-finite reward")
+        except SandboxUnavailableError:  # no sandbox: every code reward would be a silent 0
+            raise
+        except Exception:  # any failure of a user reward: 0 for this sample, counted
+            value, errors = 0.0, errors + 1
+        values.append(value)
+    return torch.tensor(values, dtype=torch.float32), errors
 
 
 class QuestionSource(Protocol):
@@ -185,8 +210,6 @@ class HeldOutSet:
 
     def reward(self, completion: str, answer: str) -> float:
         """The reward; one that raises or is not finite scores 0, as in training."""
-        from gmts.train.collect import score_rewards
-
         return float(score_rewards(self.reward_fn, [completion], [answer])[0][0])
 
 

@@ -12,7 +12,7 @@ from gmts.train.batch import ScoredBatch
 from gmts.train.collect import CollectedBatch
 from gmts.train.config import RolloutConfig
 from gmts.train.correction import RolloutCorrection
-from gmts.train.engines import logprob_gap_metrics
+from gmts.train.rollout_engine import logprob_gap_metrics
 from gmts.train.sources import DatasetSource, QuestionSource
 from gmts.train.update import UpdateResult, update_metrics
 
