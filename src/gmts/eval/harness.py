@@ -16,13 +16,14 @@ report pass@1 with one greedy completion per question.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmts._progress import Progress, count_forwards
 from gmts.eval.backends import GenerationBackend
 from gmts.eval.benchmarks import (
     EvalBenchmark,
@@ -138,20 +139,6 @@ def partial_results_path(out_path: str | os.PathLike[str]) -> Path:
     return out.with_name(out.stem + ".partial.jsonl")
 
 
-def _progress(total: int, initial: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        unit="q",
-        disable=not enabled,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
-
-
 def evaluate_benchmark(
     backend: GenerationBackend,
     bench: EvalBenchmark,
@@ -175,19 +162,25 @@ def evaluate_benchmark(
             if record is not None:
                 done[item.id] = record
 
-    bar = _progress(len(items), len(done), spec.display, progress)
+    bar = Progress(spec.display, len(items), "questions", initial=len(done), enabled=progress)
     try:
         for chunk_index, start in enumerate(range(0, len(items), per_chunk)):
             chunk = items[start : start + per_chunk]
             if all(item.id in done for item in chunk):
                 continue
-            outputs = backend.generate(
-                [item.prompt for item in chunk],
-                n=n,
-                temperature=temperature,
-                max_new_tokens=max_new_tokens,
-                seed=derive_seed(config.seed, spec.name, chunk_index),
-            )
+            # a backend with a torch model (hf) runs one forward per sampled token and
+            # generation chunk: the chunk's progress; others show its time
+            rows = len(chunk) * n
+            bar.stage("sampling", math.ceil(rows / config.batch_size) * max_new_tokens)
+            with count_forwards(getattr(backend, "model", None), bar.advance_stage):
+                outputs = backend.generate(
+                    [item.prompt for item in chunk],
+                    n=n,
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
+                    seed=derive_seed(config.seed, spec.name, chunk_index),
+                )
+            bar.end_stage()
             if len(outputs) != len(chunk) or any(len(o) != n for o in outputs):
                 raise RuntimeError(
                     f"backend {backend.name!r} returned the wrong number of completions"
@@ -253,7 +246,8 @@ def evaluate(
         results_path: the JSONL store (a path, or a :class:`ResultsStore` opened with
             :func:`store_settings`); None = keep nothing on disk (no resume).
         fresh: discard an existing store at ``results_path``.
-        progress: show a progress bar per benchmark (on stderr).
+        progress: show each benchmark's progress on stderr (a bar on a terminal, with the
+            sampling of the chunk in progress; a line in a log: :mod:`gmts._progress`).
     """
     config = config or EvalConfig()
     names = parse_benchmarks(
