@@ -22,6 +22,7 @@ Departures from the paper and why (see docs/training.md for the full list):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -68,6 +69,7 @@ from gmts.train.engines import (
     make_engine,
 )
 from gmts.train.evaluation import evaluate_held_out
+from gmts.train.generation import dataset_context_settings, run_generation
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import build_policy, resolve_base_path
 from gmts.train.preemption import (
@@ -78,8 +80,9 @@ from gmts.train.preemption import (
 )
 from gmts.train.restore import restore_trainer_state
 from gmts.train.run_folder import ResumeMode, RunStart, prepare_run_folder, record_start
+from gmts.train.run_progress import RunProgress
 from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
-from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, ZeroSignalWatch
+from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, TruncationWatch, ZeroSignalWatch
 from gmts.train.sources import (
     DatasetSource,
     HeldOutSet,
@@ -168,6 +171,7 @@ class Trainer:
         self.resume_from = self.start.checkpoint
         examples, eval_examples = self._open_source(reward_fn)
         self._signal_watch: ZeroSignalWatch | None = None  # made at the first step (rank 0)
+        self.display: RunProgress | None = None  # the steps' bar, made by run()
         base_path, load_path = self._model_paths(examples, eval_examples)
         self.tokenizer = load_tokenizer(load_path, trust_remote_code=cfg.model.trust_remote_code)
         self._render_source(examples, eval_examples)
@@ -273,7 +277,7 @@ class Trainer:
                     answer_field=cfg.data.answer_field,
                     what="data.eval_dataset",
                 )
-            self.max_new_tokens = r.max_response_length or DATASET_MAX_NEW_TOKENS
+            self.max_new_tokens = r.max_response_length or DATASET_MAX_NEW_TOKENS  # fitted later
         if reward_fn is not None:
             self.reward_expects = ("the reward_fn given to the trainer", "")
         return examples, eval_examples
@@ -323,6 +327,18 @@ class Trainer:
         remote = self.cfg.model.trust_remote_code
         model_config = load_model_config(load_path, trust_remote_code=remote)
         check_targets(model_config, self.cfg.model.lora, trust_remote_code=remote)
+        limit = context_limit(model_config, self.tokenizer, where=load_path)
+        generation = run_generation(  # a dataset's budget fitted to it and the model's context
+            self.cfg,
+            self.tokenizer,
+            limit,
+            source=self.source,
+            held_out=self.held_out,
+            max_new_tokens=self.max_new_tokens,
+        )
+        self.max_new_tokens, self.held_out = generation.max_new_tokens, generation.held_out
+        if self.info.is_main:
+            print(generation.line, file=sys.stderr)
         self.prompt_tokens = self._check_context(model_config, load_path)
         self.memory_plan = self._plan_memory(model_config)
         return model_config
@@ -472,11 +488,7 @@ class Trainer:
                 f"{src.skipped_too_long} longer than rollout.max_prompt_length="
                 f"{cfg.rollout.max_prompt_length} dropped at load)"
             )
-            settings = "rollout.max_prompt_length (longer prompts are dropped) or " + (
-                "rollout.max_response_length"
-                if cfg.rollout.max_response_length
-                else f"rollout.max_response_length (null: {DATASET_MAX_NEW_TOKENS} for datasets)"
-            )
+            settings = dataset_context_settings(cfg, self.tokenizer)
             if self.info.is_main and src.skipped_too_long:
                 print(
                     f"data: dropped {src.skipped_too_long} of {kept + src.skipped_too_long} "
@@ -529,7 +541,8 @@ class Trainer:
 
     def collect(self, step: int) -> CollectedBatch:
         """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
-        with self.rollout_engine.session():
+        shown = self.display.rollout() if self.display else contextlib.nullcontext()
+        with self.rollout_engine.session(), shown:
             return collect_batch(
                 self.rollout_engine,
                 self.source,
@@ -610,7 +623,9 @@ class Trainer:
                 dynamic_sampling=bool(self.cfg.rollout.dynamic_sampling),
                 steps=max(1, min(ZERO_SIGNAL_STEPS, self.cfg.optim.steps - step)),
             )
+            self._truncation_watch = TruncationWatch(self.max_new_tokens)
         self._signal_watch.observe(collected)
+        self._truncation_watch.observe(collected)
 
     def _advance_schedule(self) -> None:
         with warnings.catch_warnings():  # a skipped (non-finite) step still advances
@@ -743,13 +758,15 @@ class Trainer:
                 self.logger.log(0, result.eval_before, EVAL_FILE)
         elif self._evaluation_due():  # resumed: this step's evaluation comes after its save
             self._evaluate_and_log()
-        bar = None
-        if cfg.logging.progress and self.info.is_main:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(
-                total=cfg.optim.steps, initial=self.step, desc=self.run_dir.name, unit="step"
-            )
+        bar = self.display = RunProgress.for_run(
+            cfg,
+            initial=self.step,
+            enabled=cfg.logging.progress and self.info.is_main,
+            model=self.model,
+            world_size=self.info.world_size,
+            max_new_tokens=self.max_new_tokens,
+            what=self.run_dir.name,
+        )
         self._stop_if_requested(guard, bar)  # a signal during the evaluation before step 1
         every = cfg.checkpoint.every
         t_start = time.perf_counter()
@@ -759,21 +776,14 @@ class Trainer:
             metrics["time/elapsed_s"] = time.perf_counter() - t_start
             self.logger.log(self.step, metrics)
             result.history.append(metrics)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{metrics['reward/mean']:.3f}",
-                    acc=f"{metrics['reward/accuracy']:.2f}",
-                    sel=f"{metrics.get('select/fraction', 1.0):.2f}",
-                )
+            bar.step_done(self.step, metrics)
             if every and (self.step % every == 0 or self.step == cfg.optim.steps):
                 self._save_once()  # the last step too, whatever save_final says
             self._stop_if_requested(guard, bar)  # a signal during the step or its save
             if self._evaluation_due():
                 self._evaluate_and_log()
                 self._stop_if_requested(guard, bar)  # a signal during the evaluation
-        if bar is not None:
-            bar.close()
+        bar.close()
         if cfg.checkpoint.save_final:
             self._save_once()
         self._stop_if_requested(guard, None)  # a signal during the final save
