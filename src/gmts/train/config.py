@@ -412,7 +412,8 @@ class LoggingConfig:
         "Show progress on stderr (gmts._progress): on a terminal a bar over the steps with the "
         "live reward and the phase in progress (rollout, update) with counts and the time "
         "left, and one for each held-out evaluation; in a log one line per step or phase that "
-        "took 10 s or more. false: nothing.",
+        "took 10 s or more. false: none of these (a model's conversion and a checkpoint save "
+        "still show theirs).",
     )
     overlap_metrics: bool = _f(
         True, "Log the GMTS-vs-ETS selection overlap (Jaccard) and selected-token statistics."
