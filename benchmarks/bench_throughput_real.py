@@ -187,7 +187,7 @@ def trl_prompts(trainer: Any, steps: int) -> list[dict[str, Any]]:
     """TRL's dataset rows: the questions gmts's ``trainer`` draws in its first ``steps`` steps,
     in its order (a copy of its source), as TRL prompts: conversational (the template's
     messages) when gmts rendered them with a chat template, else the question text."""
-    from gmts.data.prompts import format_prompt, get_template, has_chat_template
+    from gmts.data.prompts import format_prompt, get_template, has_chat_template, resolve_template
     from gmts.train.sources import load_examples
 
     cfg = trainer.cfg
@@ -200,6 +200,8 @@ def trl_prompts(trainer: Any, steps: int) -> list[dict[str, Any]]:
         answer_field=cfg.data.answer_field,
     )
     template = cfg.data.template
+    if template is not None:  # "auto": the template it means for this tokenizer
+        template = resolve_template(template, trainer.tokenizer)
     chat = template is not None and has_chat_template(trainer.tokenizer)
     rendered = {
         (q if template is None else format_prompt(trainer.tokenizer, q, template=template)): q

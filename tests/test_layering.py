@@ -12,7 +12,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "gmts"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("_registry", "_cache", "configuration"),  # generic utilities
+    ("_registry", "_cache", "_progress", "configuration"),  # generic utilities
     ("core",),  # torch only: the method
     ("rewards",),
     ("data",),

@@ -1,4 +1,5 @@
-"""Fixtures for the evaluation tests: a byte-level tokenizer and a tiny random Qwen2 model.
+"""Fixtures for the evaluation tests: a byte-level tokenizer and a tiny random Qwen2 model, and
+the embedded tiny model with its character tokenizer.
 
 Everything is built locally (the Hub is unreachable in CI). The tokenizer has one token per
 byte plus ChatML special tokens, so any benchmark text round-trips; the model is a one-layer
@@ -102,5 +103,18 @@ def tiny_chat_model_dir(tmp_path_factory) -> Path:
     model.generation_config.pad_token_id = tok.pad_token_id
     path = tmp_path_factory.mktemp("tiny_chat_model")
     model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_task_model_dir(tmp_path_factory) -> Path:
+    """The embedded tiny model (random weights) and its char tokenizer, saved."""
+    from gmts.embedded.tiny_model import build_tiny_model
+    from gmts.embedded.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    path = tmp_path_factory.mktemp("tiny_task_model")
+    build_tiny_model(tok).save_pretrained(path)
     tok.save_pretrained(path)
     return path

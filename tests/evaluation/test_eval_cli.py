@@ -15,20 +15,6 @@ def _run(argv, capsys):
     return rc, captured.out, captured.err
 
 
-@pytest.fixture(scope="module")
-def tiny_task_model_dir(tmp_path_factory):
-    """The embedded tiny model (random weights) and char tokenizer, saved as an HF folder."""
-    from gmts.embedded.tiny_model import build_tiny_model
-    from gmts.embedded.tokenizer import build_char_tokenizer
-
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok)
-    path = tmp_path_factory.mktemp("tiny_task_model")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def test_math500_end_to_end(tiny_chat_model_dir, shared_data, tmp_path, capsys):
     out = tmp_path / "res.json"
     rc, stdout, stderr = _run(

@@ -12,19 +12,6 @@ from gmts.cli import main
 from gmts.eval.benchmarks import FileFields, get_spec, parse_benchmarks
 
 
-@pytest.fixture(scope="module")
-def tiny_task_model_dir(tmp_path_factory) -> Path:
-    """The embedded tiny model (random weights) and its char tokenizer, saved."""
-    from gmts.embedded.tiny_model import build_tiny_model
-    from gmts.embedded.tokenizer import build_char_tokenizer
-
-    tok = build_char_tokenizer()
-    path = tmp_path_factory.mktemp("tiny_task_model")
-    build_tiny_model(tok).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def _rows(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -62,7 +49,7 @@ def test_own_file_options_and_errors(tiny_task_model_dir: Path, tmp_path: Path, 
     fields = FileFields(question_field="question", answer_field="label", reward="yes_no")
     (name,) = parse_benchmarks(str(data), fields)
     spec = get_spec(name)
-    assert spec.verifier.name == "yes_no" and spec.template == "math" and not spec.runs_code
+    assert spec.verifier.name == "yes_no" and spec.template == "auto" and not spec.runs_code
     assert get_spec(parse_benchmarks(str(data), FileFields(reward="code"))[0]).runs_code
     with pytest.raises(ValueError, match="not found"):
         parse_benchmarks(str(tmp_path / "missing.jsonl"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gmts.data.prompts import (
+    AUTO_TEMPLATE,
+    CHATML_TEMPLATE,
     CODE_SYSTEM_PROMPT,
     MATH_SYSTEM_PROMPT,
     PromptTemplate,
@@ -13,6 +15,9 @@ from gmts.data.prompts import (
     format_prompt,
     get_template,
     register_template,
+    resolve_template,
+    template_choices,
+    why_template,
 )
 
 
@@ -107,3 +112,34 @@ def test_choice_and_yesno_and_code_user_turns(chat_tokenizer):
 def test_bad_question_type():
     with pytest.raises(ValueError, match="question must be a str"):
         format_prompt(None, 3, template="math")  # type: ignore[arg-type]
+
+
+def test_auto_picks_the_template_each_tokenizer_reads(make_byte_tokenizer) -> None:
+    from gmts.embedded.tokenizer import build_char_tokenizer
+
+    chat, base = make_byte_tokenizer(CHATML_TEMPLATE), make_byte_tokenizer()
+    chars = build_char_tokenizer()
+    assert resolve_template(AUTO_TEMPLATE, chat) == "plain"  # the model's own chat format
+    assert resolve_template(AUTO_TEMPLATE, base) == "math"  # byte-level: reads the instruction
+    assert resolve_template(AUTO_TEMPLATE, chars) == "plain"  # the embedded model's alphabet
+    assert resolve_template("code", chars) == "code"  # a template named outright stays
+    assert why_template("code", chars) == ""
+    assert "chat template" in why_template(AUTO_TEMPLATE, chat)
+    # and the prompts themselves follow: auto renders as the template it resolves to
+    for tokenizer in (chat, base, chars):
+        assert format_prompt(tokenizer, "1+2=", template=AUTO_TEMPLATE) == format_prompt(
+            tokenizer, "1+2=", template=resolve_template(AUTO_TEMPLATE, tokenizer)
+        )
+    assert MATH_SYSTEM_PROMPT in format_prompt(base, "1+2=", template=AUTO_TEMPLATE)
+    assert format_prompt(chars, "1+2=", template=AUTO_TEMPLATE) == "1+2="
+
+
+def test_auto_is_accepted_where_a_template_is_and_unknown_names_list_it() -> None:
+    from gmts.eval.benchmarks import FileFields
+    from gmts.train.config import load_config
+
+    assert template_choices()[0] == AUTO_TEMPLATE
+    assert FileFields().template == AUTO_TEMPLATE
+    assert load_config(None, ["data.dataset=x.jsonl"]).data.template == AUTO_TEMPLATE
+    with pytest.raises(ValueError, match=r"data.template: unknown template 'nope'.*'auto'"):
+        load_config(None, ["data.dataset=x.jsonl", "data.template=nope"])

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gmts._progress import Progress, count_forwards
 from gmts.analysis.gradnorms import (
     DEFAULT_MAX_CHUNK_BYTES,
     iter_row_gradient_norms,
@@ -118,6 +119,7 @@ def analyze_rollout(
     clip_high: float = 0.28,
     std_normalize: bool = True,
     method: str = "auto",
+    progress: bool = False,
 ) -> TokenAnalysis:
     """Measure every response token of ``rollout`` (a :class:`gmts.sampling.rollout.Rollout`).
 
@@ -132,6 +134,7 @@ def analyze_rollout(
         std_normalize: GRPO advantages (True) or mean-centred ones (False).
         method: how the true norms are computed: "auto" (batched VJPs, falling back to the
             per-token loop if the model's backward cannot be vmapped), "batched" or "loop".
+        progress: show the answers measured on stderr (:mod:`gmts._progress`).
 
     Returns:
         A :class:`TokenAnalysis` on the CPU.
@@ -154,6 +157,7 @@ def analyze_rollout(
         method=method,
         chunk_size=chunk_size,
         max_chunk_bytes=max_chunk_bytes,
+        progress=progress,
     )
     logprob, entropy, logit_grad = measured.logprob, measured.entropy, measured.logit_grad
     grad_logprob = measured.grad_logprob
@@ -222,6 +226,7 @@ def _measure_tokens(
     method: str,
     chunk_size: int | None,
     max_chunk_bytes: int,
+    progress: bool = False,
 ) -> _Measured:
     """Run the model over the rollout once per row, in eval mode (dropout off: the measured
     gradients are those of the sampling policy; the mode is restored)."""
@@ -232,6 +237,7 @@ def _measure_tokens(
     model.eval()
     methods_used: set[str] = set()
     start = time.perf_counter()
+    shown = Progress(f"gradient norms ({B} answers)", B, "answers", enabled=progress)
     # vmap warns when an op of the backward has no batching rule (it then loops internally:
     # still exact, slower); such messages are kept for the report and re-emitted once each
     with warnings.catch_warnings(record=True) as recorded:
@@ -256,8 +262,10 @@ def _measure_tokens(
                 entropy[b, :n] = stats.entropy.cpu()
                 logit_grad[b, :n] = stats.logit_grad_norm.cpu()
                 grad_logprob[b, :n] = norms.cpu()
+                shown.update()
         finally:
             model.train(was_training)
+            shown.close()
     seconds = time.perf_counter() - start
     messages = sorted({str(w.message).splitlines()[0][:300] for w in recorded})
     for message in messages:
@@ -280,6 +288,7 @@ def sample_and_analyze(
     chunk_size: int | None = None,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
     method: str = "auto",
+    progress: bool = False,
 ) -> TokenAnalysis:
     """Sample ``samples`` answers for each of ``questions`` problems of ``task``, then measure.
 
@@ -288,6 +297,7 @@ def sample_and_analyze(
         questions: K >= 1; samples: G >= 2 (a group needs two answers for an advantage).
         seed: draws the problems and seeds the sampler.
         max_new_tokens: generation budget (default: the task's).
+        progress: show the sampling and the measuring on stderr (:mod:`gmts._progress`).
     """
     if questions < 1:
         raise ValueError(f"questions: must be >= 1, got {questions}")
@@ -297,15 +307,19 @@ def sample_and_analyze(
 
     problems = task.sample(questions, random.Random(seed))
     start = time.perf_counter()
-    rollout = generate_rollouts(
-        model,
-        tokenizer,
-        problems,
-        num_samples=samples,
-        max_new_tokens=max_new_tokens or task.max_new_tokens,
-        temperature=temperature,
-        seed=seed,
-    )
+    budget = max_new_tokens or task.max_new_tokens
+    what = f"sampling ({len(problems)} questions x {samples} answers)"
+    shown = Progress(what, budget, "tokens", enabled=progress)
+    with shown, count_forwards(model, shown.update):  # one forward per sampled token
+        rollout = generate_rollouts(
+            model,
+            tokenizer,
+            problems,
+            num_samples=samples,
+            max_new_tokens=budget,
+            temperature=temperature,
+            seed=seed,
+        )
     sample_seconds = time.perf_counter() - start
     rewards = torch.tensor(
         [task.reward(c, a) for c, a in zip(rollout.completions, rollout.answers)]
@@ -319,6 +333,7 @@ def sample_and_analyze(
         chunk_size=chunk_size,
         max_chunk_bytes=max_chunk_bytes,
         method=method,
+        progress=progress,
     )
     analysis.timings["sample_seconds"] = sample_seconds
     analysis.meta.update(

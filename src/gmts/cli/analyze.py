@@ -25,6 +25,8 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from gmts.models.defaults import BUDGET_RULE
+
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", help="a local Hugging Face model folder (with its tokenizer)")
     source.add_argument(
@@ -46,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(for a real model, e.g. --model smollm2-135m-instruct)",
     )
     parser.add_argument(
-        "--template", default=None, help="--dataset: prompt template (default: the benchmark's)"
+        "--template",
+        default=None,
+        help="--dataset: prompt template (default: the benchmark's; a file's: auto, plain (the "
+        "question in the model's chat template) for a model with one)",
     )
     parser.add_argument(
         "--reward", default=None, help="--dataset: reward of gmts.rewards (default: math)"
@@ -62,7 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the questions and sampling")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the task's")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default: the task's; a --dataset benchmark's 256; a --dataset file's fitted: "
+        f"{BUDGET_RULE}",
+    )
     parser.add_argument(
         "--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ..."
     )
@@ -183,13 +194,55 @@ def _check_context(model_dir: Path, tokenizer: Any, task: Any, args: argparse.Na
     from gmts.models.context import check_fits, longest_prompt, read_limit
 
     prompts = [p.prompt for p in task.sample(64, random.Random(args.seed))]
+    settings = "--max-new-tokens" if args.max_new_tokens else "--max-new-tokens or --task"
+    if args.dataset:  # the template's text is part of every prompt
+        from gmts.data.prompts import resolve_template
+
+        settings = f"--template (now {resolve_template(task.template, tokenizer)}), {settings}"
     check_fits(
         prompt_tokens=longest_prompt(tokenizer, prompts),
         new_tokens=args.max_new_tokens or task.max_new_tokens,
         limit=read_limit(str(model_dir), tokenizer),
         what=f"task {task.name}",
-        settings="--max-new-tokens" if args.max_new_tokens else "--max-new-tokens or --task",
+        settings=settings,
     )
+
+
+def _settings(args: argparse.Namespace, model_dir: Path, tokenizer: Any, task: Any) -> Any:
+    """The questions with their budget (a ``--dataset`` file's fitted to the model when
+    ``--max-new-tokens`` is not given), after printing the template, temperature and budget."""
+    from gmts.models.defaults import Setting, settings_line, template_setting
+
+    budget_note = "the task's own"
+    if args.dataset:
+        from gmts.eval.benchmarks import is_data_file
+
+        budget_note = "the --dataset default"
+        if is_data_file(args.dataset) and args.max_new_tokens is None:
+            from gmts.cli.analyze_questions import fitted_questions
+            from gmts.models.context import read_limit
+
+            task, fitted = fitted_questions(task, tokenizer, read_limit(str(model_dir), tokenizer))
+            budget_note = fitted.reason
+        template = template_setting(task.template, tokenizer, "--template")
+    else:
+        template = Setting("template", "none", "--dataset", f"--task {task.name}'s prompts")
+    budget = args.max_new_tokens or task.max_new_tokens
+    line = settings_line(
+        "gmts analyze",
+        [
+            template,
+            Setting("temperature", str(float(args.temperature)), "--temperature"),
+            Setting(
+                "budget",
+                f"{budget} new tokens",
+                "--max-new-tokens",
+                "" if args.max_new_tokens else budget_note,
+            ),
+        ],
+    )
+    print(line, file=sys.stderr)
+    return task
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
             task = dataset_questions(
                 args.dataset, tokenizer, template=args.template, reward=args.reward
             )
+        task = _settings(args, model_dir, tokenizer, task)
         _check_context(model_dir, tokenizer, task, args)
     except ValueError as exc:
         print(f"gmts analyze: {exc}", file=sys.stderr)
@@ -236,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         max_chunk_bytes=args.chunk_mib * 2**20,
         method=args.method,
+        progress=True,
     )
     analysis.meta.update(model=str(model_dir), device=str(device), dtype=args.dtype)
     report = build_report(analysis, ratio=args.ratio)

@@ -22,7 +22,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gmts.eval.harness import EvalConfig
@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _what_and_how_scored(group: argparse._ArgumentGroup) -> None:
+    from gmts.models.defaults import BUDGET_RULE
+
     group.add_argument(
         "--model",
         help="Hugging Face model folder, a gmts checkpoint (holding model/) or a gmts run "
@@ -62,7 +64,11 @@ def _what_and_how_scored(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (pass@1)")
     group.add_argument("--limit", type=int, default=None, help="first K questions per benchmark")
     group.add_argument(
-        "--max-new-tokens", type=int, default=None, help="budget (default: per benchmark)"
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="new tokens per answer, for every benchmark of the run (default: each benchmark's "
+        f"own; your file: fitted, {BUDGET_RULE})",
     )
     group.add_argument("--seed", type=int, default=0)
     group.add_argument(
@@ -100,8 +106,10 @@ def _your_file(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--template",
-        default="math",
-        help="your file: the prompt template of gmts.data.prompts (plain: the question as is)",
+        default="auto",
+        help="your file: the prompt template of gmts.data.prompts (math, plain, code, ...); "
+        "auto (default): plain (the question in the model's chat template) for a model with a "
+        "chat template, else math where its tokenizer reads that instruction, else plain",
     )
 
 
@@ -224,6 +232,7 @@ def _checked_plan(args: argparse.Namespace) -> _Plan:
         raise _Refused(f"--threads must be >= 1, got {args.threads}")
     model_path, benchmarks, config = _settings(args)
     _check_data_files(args, benchmarks)
+    benchmarks, config = _fitted_and_announced(args, model_path, benchmarks, config)
     _check_context_fit(args, model_path, benchmarks)
     name = args.name or _default_name(args.model)
     out = Path(args.out) if args.out else Path(f"eval-{name}.json")
@@ -279,6 +288,33 @@ def _settings(args: argparse.Namespace) -> tuple[str, list[str], EvalConfig]:
     except (ModelPathError, SandboxUnavailableError, ValueError) as err:
         raise _Refused(str(err)) from err
     return model_path, benchmarks, config
+
+
+def _fitted_and_announced(
+    args: argparse.Namespace, model_path: str, benchmarks: list[str], config: EvalConfig
+) -> tuple[list[str], EvalConfig]:
+    """Your file's budget fitted to the model (:mod:`gmts.eval.settings`), then one line per
+    benchmark: its template, temperature and budget, and the size of the work."""
+    import dataclasses
+
+    from gmts.eval.benchmarks import parse_benchmarks
+    from gmts.eval.settings import benchmark_settings, fit_file_budget
+    from gmts.models.context import read_limit
+    from gmts.models.loading import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(model_path, pad_token=False)
+        fitted = fit_file_budget(tokenizer, read_limit(model_path, tokenizer), benchmarks, config)
+        if fitted is not None:  # the files are registered again, with their budget
+            fields = dataclasses.replace(config.file_fields, max_new_tokens=fitted.tokens)
+            config = dataclasses.replace(config, file_fields=fields)
+            benchmarks = parse_benchmarks(args.benchmarks, fields)
+        described = benchmark_settings(tokenizer, benchmarks, config, fitted)
+    except (OSError, ValueError) as err:
+        raise _Refused(str(err)) from err
+    for one in described:
+        print(one.line(), file=sys.stderr)
+    return benchmarks, config
 
 
 def _check_data_files(args: argparse.Namespace, benchmarks: list[str]) -> None:
@@ -363,7 +399,7 @@ def _evaluate(args: argparse.Namespace, plan: _Plan, store: ResultsStore) -> Eva
     print(f"loading {plan.model_path} ({args.backend} backend)", file=sys.stderr)
     backend = make_backend(args.backend, options)
     try:
-        return evaluate(
+        report = evaluate(
             backend,
             plan.benchmarks,
             plan.config,
@@ -374,3 +410,14 @@ def _evaluate(args: argparse.Namespace, plan: _Plan, store: ResultsStore) -> Eva
         )
     except (OSError, ValueError) as err:  # unreadable data files, reported by the loaders
         raise _Refused(str(err)) from err
+    _warn_misleading(report, backend.tokenizer, plan.config)
+    return report
+
+
+def _warn_misleading(report: EvalReport, tokenizer: Any, config: EvalConfig) -> None:
+    """A line for each benchmark where most answers ran into the budget, and for each where
+    no answer scored (:func:`gmts.eval.settings.misleading_results`)."""
+    from gmts.eval.settings import misleading_results
+
+    for line in misleading_results(report, tokenizer, config):
+        print(f"gmts eval: {line}", file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def exit_status_text() -> str:
@@ -205,15 +206,34 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutdown(drain=finished)  # under torchrun: leave the process group the trainer joined
     if result.eval_after is not None:
-        before = result.eval_before or {}
-        parts = [
-            f"{k} {before.get(k, float('nan')):.3f} -> {v:.3f}"
-            for k, v in result.eval_after.items()
-            if k != "questions"
-        ]
-        print("held-out: " + ", ".join(parts))
+        print(held_out_line(result.eval_after, _evaluation_before(result)))
     print(f"run directory: {result.run_dir}")
     return 0
+
+
+def _evaluation_before(result: Any) -> dict[str, Any] | None:
+    """The held-out evaluation before step 1: this process's, or after a ``--resume`` the
+    step-0 row of the run's eval.jsonl (None when the run never made one)."""
+    if result.eval_before is not None:
+        return result.eval_before
+    from gmts.train.metrics_log import EVAL_FILE, read_metrics
+
+    rows = [row for row in read_metrics(result.run_dir, EVAL_FILE) if row.get("step") == 0]
+    return rows[-1] if rows else None
+
+
+def held_out_line(after: dict[str, Any], before: dict[str, Any] | None) -> str:
+    """``held-out: average@2 0.109 -> 0.406, pass@2 ...``; without an evaluation before
+    training, the final figures and why there is no "before"."""
+    metrics = {k: float(v) for k, v in after.items() if k != "questions"}
+    if before is None:
+        parts = [f"{k} {v:.3f}" for k, v in metrics.items()]
+        return "held-out: " + ", ".join(parts) + " (no evaluation before step 1 was recorded)"
+    parts = [
+        f"{k} {float(before[k]):.3f} -> {v:.3f}" if k in before else f"{k} {v:.3f}"
+        for k, v in metrics.items()
+    ]
+    return "held-out: " + ", ".join(parts)
 
 
 def _write_failure(exc: OSError, run_dir: str) -> str:

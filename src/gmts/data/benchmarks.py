@@ -81,7 +81,8 @@ class Benchmark:
         default_split: the split loaded when none is asked for (its evaluation split).
         parse_row: ``(row, index, split) -> Example``; None for a benchmark not read from files
             (``gmts eval``'s ``builtin:<task>``).
-        template: prompt template name (:mod:`gmts.data.prompts`).
+        template: prompt template name (:mod:`gmts.data.prompts`; a user's file may say
+            ``auto``: the one that fits the model's tokenizer).
         verifier: how a completion is scored (:mod:`gmts.rewards.verifiers`).
         decoding: "sample" (average@n at the chosen temperature) or "greedy" (pass@1).
         max_new_tokens: default generation budget.

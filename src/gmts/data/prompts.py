@@ -19,6 +19,13 @@ text otherwise. The registered templates:
 ``plain``            no system turn; user = the question verbatim
 ==================== ===================================================================
 
+``auto`` (:data:`AUTO_TEMPLATE`, the default of a user's file: ``data.template``, ``gmts eval
+--template``, ``gmts analyze --template``) is not a template but picks one for the model
+(:func:`resolve_template`): ``plain`` when its tokenizer has a chat template (the question as
+the user turn of the model's own chat format, with the model's default system turn), ``math``
+when it has none but can encode the math system prompt (a base model: that instruction is its
+only cue), else ``plain`` (the embedded model reads only its task alphabet).
+
 The paper's copy lost the literal dialogue text; the system prompts above are the ones it
 names, and the user-turn wording for choices, yes/no and code is ours.
 """
@@ -153,6 +160,53 @@ def has_chat_template(tokenizer: Any) -> bool:
     return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
 
 
+AUTO_TEMPLATE = "auto"
+"""The template that fits the model (:func:`resolve_template`): a user's file's default."""
+
+
+def template_choices() -> list[str]:
+    """What a template setting accepts: ``auto`` and the registered templates."""
+    return [AUTO_TEMPLATE, *available_templates()]
+
+
+def check_template(name: str, key: str) -> None:
+    """ValueError naming ``key`` unless ``name`` is ``auto`` or a registered template."""
+    if name not in template_choices():
+        raise ValueError(f"{key}: unknown template {name!r}; available: {template_choices()}")
+
+
+def _can_encode(tokenizer: Any, text: str) -> bool:
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:  # byte-level vocabularies encode every string
+        return True
+    return unk not in tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def resolve_template(name: str, tokenizer: Any) -> str:
+    """The registered template ``name`` means for ``tokenizer``: ``name`` itself, or for
+    ``auto``: ``plain`` when the tokenizer has a chat template, ``math`` when it has none but
+    encodes the math system prompt, else ``plain`` (the embedded model's tokenizer)."""
+    if name != AUTO_TEMPLATE:
+        return name
+    if has_chat_template(tokenizer):
+        return "plain"
+    if tokenizer is None or _can_encode(tokenizer, MATH_SYSTEM_PROMPT):
+        return "math"
+    return "plain"
+
+
+def why_template(name: str, tokenizer: Any) -> str:
+    """Why ``name`` resolves as it does for ``tokenizer`` ("" for a template named outright):
+    the note of the settings line every command prints."""
+    if name != AUTO_TEMPLATE:
+        return ""
+    if has_chat_template(tokenizer):
+        return "auto: the question in the model's chat template"
+    if resolve_template(name, tokenizer) == "math":
+        return "auto: no chat template, the math instruction as plain text"
+    return "auto: the tokenizer cannot read an instruction, the question as is"
+
+
 def format_prompt(
     tokenizer: Any,
     question: str,
@@ -168,7 +222,8 @@ def format_prompt(
             go through ``apply_chat_template(..., add_generation_prompt=True)``; otherwise
             the plain-text form (:meth:`PromptTemplate.plain_text`) is returned.
         question: the question text.
-        template: a registered template name (:func:`available_templates`).
+        template: a registered template name (:func:`available_templates`), or ``auto``
+            (:func:`resolve_template`).
         choices: answer options for ``commonsense_choice`` (see :func:`format_choices`).
         chat: None = use the chat template when there is one; False = always plain text;
             True = require a chat template (ValueError without one).
@@ -176,7 +231,7 @@ def format_prompt(
     Returns:
         The prompt text (special tokens of the chat template included as text).
     """
-    tpl = get_template(template)
+    tpl = get_template(resolve_template(template, tokenizer))
     if chat is True and not has_chat_template(tokenizer):
         raise ValueError("chat=True but the tokenizer has no chat_template")
     use_chat = has_chat_template(tokenizer) if chat is None else chat

@@ -88,6 +88,8 @@ def evaluate_task(
 
 
 EVAL_SEED_OFFSET = 10_007
+EVAL_BATCH_SIZE = 4096
+"""Rows per generation chunk of :func:`held_out_metrics` when none is given."""
 
 
 def held_out_metrics(
@@ -111,7 +113,7 @@ def held_out_metrics(
         task.held_out(n_questions),
         n=k,
         temperature=temperature,
-        batch_size=batch_size or 4096,
+        batch_size=batch_size or EVAL_BATCH_SIZE,
         seed=EVAL_SEED_OFFSET + seed,
     )
     return {

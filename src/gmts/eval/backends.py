@@ -114,7 +114,8 @@ def check_benchmarks_fit(
     Raises:
         gmts.models.context.ContextError: naming the benchmark, the numbers and the flags.
     """
-    from gmts.eval.benchmarks import get_spec, load_eval_benchmark
+    from gmts.data.prompts import resolve_template
+    from gmts.eval.benchmarks import get_spec, is_data_file, load_eval_benchmark
     from gmts.models.context import check_fits, longest_prompt, read_limit
 
     path = resolve_model_path(model_path)
@@ -124,14 +125,18 @@ def check_benchmarks_fit(
         return
     for name in benchmarks:
         bench = load_eval_benchmark(name, tokenizer=tokenizer, data_dir=data_dir, limit=limit)
-        budget = max_new_tokens or get_spec(name).max_new_tokens
+        spec = get_spec(name)
+        budget = max_new_tokens or spec.max_new_tokens
         default = "" if max_new_tokens else f" (default: the benchmark's {budget})"
+        # your file's template adds its text to every prompt: it is named first
+        template = resolve_template(spec.template, tokenizer) if is_data_file(name) else None
         check_fits(
             prompt_tokens=longest_prompt(tokenizer, [item.prompt for item in bench.items]),
             new_tokens=budget,
             limit=context,
-            what=f"benchmark {name}",
-            settings=f"--max-new-tokens{default} or --benchmarks",
+            what=f"benchmark {name}" + (f" (template {template})" if template else ""),
+            settings=(f"--template (now {template}), " if template else "")
+            + f"--max-new-tokens{default} or --benchmarks",
         )
 
 

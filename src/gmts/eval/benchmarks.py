@@ -27,26 +27,31 @@ DATA_FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 
 @dataclass(frozen=True)
 class FileFields:
-    """How the rows of a user's own benchmark file are read and scored (``gmts eval
+    """How the rows of a user's own benchmark file are read, prompted and scored (``gmts eval
     --question-field/--answer-field/--id-field/--reward/--template``; the training side's
-    ``data.question_field``, ``data.answer_field``, ``data.reward``, ``data.template``)."""
+    ``data.question_field``, ``data.answer_field``, ``data.reward``, ``data.template``).
+
+    ``template`` ``auto``: the one that fits the model's tokenizer
+    (:func:`gmts.data.prompts.resolve_template`). ``max_new_tokens``: the file's generation
+    budget (None: :class:`gmts.data.benchmarks.Benchmark`'s default; ``gmts eval`` fits one to
+    the model and the answers, :func:`gmts.models.defaults.fit_budget`)."""
 
     question_field: str = "problem"
     answer_field: str = "answer"
     id_field: str | None = None
     reward: str = "math"
-    template: str = "math"
+    template: str = "auto"
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        from gmts.data.prompts import available_templates
+        from gmts.data.prompts import check_template
         from gmts.rewards.registry import available_rewards
 
         if self.reward not in available_rewards():
             raise ValueError(f"unknown reward {self.reward!r}; available: {available_rewards()}")
-        if self.template not in available_templates():
-            raise ValueError(
-                f"unknown template {self.template!r}; available: {available_templates()}"
-            )
+        check_template(self.template, "template")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 _FILE_BENCHMARKS: dict[str, Benchmark] = {}  # the files named in this process, by name
@@ -133,6 +138,7 @@ def file_benchmark(path: str, fields: FileFields) -> Benchmark:
         parse_row=_field_parser(fields.question_field, fields.answer_field, fields.id_field, None),
         template=fields.template,
         verifier=reward_verifier(fields.reward),
+        max_new_tokens=fields.max_new_tokens or Benchmark.max_new_tokens,
     )
 
 

@@ -17,14 +17,16 @@ report pass@1 with one greedy completion per question.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmts._progress import Progress, count_forwards
 from gmts.eval.backends import group_completions
 from gmts.eval.benchmarks import (
     EvalBenchmark,
@@ -141,20 +143,6 @@ def partial_results_path(out_path: str | os.PathLike[str]) -> Path:
     return out.with_name(out.stem + ".partial.jsonl")
 
 
-def _progress(total: int, initial: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        unit="q",
-        disable=not enabled,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
-
-
 def evaluate_benchmark(
     sampler: Sampler,
     bench: EvalBenchmark,
@@ -179,18 +167,25 @@ def evaluate_benchmark(
             if record is not None:
                 done[item.id] = record
 
-    with _progress(len(items), len(done), spec.display, progress) as bar, sampler.session():
+    bar = Progress(spec.display, len(items), "questions", initial=len(done), enabled=progress)
+    with contextlib.closing(bar), sampler.session():
         for chunk_index, start in enumerate(range(0, len(items), per_chunk)):
             chunk = items[start : start + per_chunk]
             if all(item.id in done for item in chunk):
                 continue
-            rollout = sampler.sample(
-                [item.prompt for item in chunk],
-                num_samples=n,
-                temperature=temperature,
-                max_new_tokens=max_new_tokens,
-                seed=derive_seed(config.seed, spec.name, chunk_index),
-            )
+            # a sampler with a torch model (hf) runs one forward per sampled token and
+            # generation chunk: the chunk's progress; others show its time
+            rows = len(chunk) * n
+            bar.stage("sampling", math.ceil(rows / config.batch_size) * max_new_tokens)
+            with count_forwards(getattr(sampler, "model", None), bar.advance_stage):
+                rollout = sampler.sample(
+                    [item.prompt for item in chunk],
+                    num_samples=n,
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
+                    seed=derive_seed(config.seed, spec.name, chunk_index),
+                )
+            bar.end_stage()
             outputs = group_completions(rollout.completions, rollout.group_ids, len(chunk), n)
             new_records = []
             for item, completions in zip(chunk, outputs):
@@ -252,7 +247,8 @@ def evaluate(
         results_path: the JSONL store (a path, or a :class:`ResultsStore` opened with
             :func:`store_settings`); None = keep nothing on disk (no resume).
         fresh: discard an existing store at ``results_path``.
-        progress: show a progress bar per benchmark (on stderr).
+        progress: show each benchmark's progress on stderr (a bar on a terminal, with the
+            sampling of the chunk in progress; a line in a log: :mod:`gmts._progress`).
     """
     config = config or EvalConfig()
     names = parse_benchmarks(

@@ -117,7 +117,7 @@ def resolve_model_path(
     if not root.exists():
         if _HUB_ID.match(text) and not text.startswith("."):
             return text  # a hub id: from_pretrained reports if it cannot be reached
-        raise ModelPathError(f"model path does not exist: {root}")
+        raise ModelPathError(f"model path does not exist: {root}{_named_hint(text)}")
     if _is_model_folder(root):
         return str(root)
     if _is_model_folder(root / "model"):
@@ -137,6 +137,21 @@ def resolve_model_path(
         f"no model found at {root}: expected config.json (or a LoRA run's {ADAPTER_CONFIG}) "
         f"there, in model/, or in {CHECKPOINTS_DIR}/step_*/model/"
     )
+
+
+def _named_hint(text: str) -> str:
+    """For a bare name (no folder in it): the names a model argument accepts, and the closest
+    to ``text`` (``smollm2-135m`` -> ``smollm2-135m-instruct``)."""
+    if "/" in text or os.sep in text:
+        return ""
+    import difflib
+
+    names = [EMBEDDED, *available_named_models()]
+    close = difflib.get_close_matches(text.lower(), names, n=1, cutoff=0.5)
+    if not close:  # a prefix is a match too (a name cut short)
+        close = [n for n in names if n.startswith(text.lower()) or text.lower().startswith(n)]
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f" (nor a named model: {', '.join(names)}){hint}"
 
 
 def _is_model_folder(path: Path) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gmts._cache import cache_dir
+from gmts._progress import Progress
 from gmts._registry import Registry
 
 __all__ = [
@@ -152,7 +153,8 @@ def convert_gguf(
     staging.chmod(0o755)  # mkdtemp's 0o700 would hide a shared cache from other users
     print(f"gmts: converting {path.name} into {final} (once; about a minute)", file=sys.stderr)
     try:
-        _write_folder(path, staging)
+        with Progress(f"converting {path.name}", 100, "% (estimated)") as shown:
+            _write_folder(path, staging, shown)
         versions = {pkg: importlib.metadata.version(pkg) for pkg in ("transformers", "gguf")}
         record = {**_source(path), "gguf_file": str(path), "versions": versions}
         (staging / CONVERSION_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -189,8 +191,15 @@ def conversion_key(gguf_file: str | os.PathLike[str]) -> str:
     return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _write_folder(path: Path, out: Path) -> None:
-    """De-quantise ``path`` with transformers and save it as a plain float32 folder in ``out``.
+CONVERSION_SHARES = {"tokenizer": 20, "weights": 70, "folder": 10}
+"""Each step's share of a conversion's time, in percent (SmolLM2-135M's, measured: reading the
+GGUF metadata for the tokenizer, then again with the weights de-quantised, then writing): the
+progress of a conversion counts these, so its estimate of the time left is theirs."""
+
+
+def _write_folder(path: Path, out: Path, shown: Progress | None = None) -> None:
+    """De-quantise ``path`` with transformers and save it as a plain float32 folder in ``out``
+    (``shown``: advanced by :data:`CONVERSION_SHARES` as each step ends).
 
     transformers refuses to save a model it loaded from GGUF (its config carries a
     ``quantization_config``): the weights are moved into a model built from the config
@@ -204,9 +213,11 @@ def _write_folder(path: Path, out: Path) -> None:
     folder, filename = str(path.parent), path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        _advance(shown, "tokenizer")
         loaded = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=filename, dtype=torch.float32
         )
+        _advance(shown, "weights")
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GGUFConversionError(f"cannot read {path} as a model: {first}") from None
@@ -224,3 +235,9 @@ def _write_folder(path: Path, out: Path) -> None:
     model.tie_weights()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    _advance(shown, "folder")
+
+
+def _advance(shown: Progress | None, step: str) -> None:
+    if shown is not None:
+        shown.update(CONVERSION_SHARES[step])

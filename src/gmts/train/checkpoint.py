@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from gmts._progress import Progress
 from gmts.models.loading import CHECKPOINTS_DIR, step_dir_name, step_of
 from gmts.models.manifest import fsync_dir, newest_intact, write_manifest
 
@@ -124,6 +125,9 @@ def save_checkpoint(
     root = checkpoint_dir(run_dir)
     final = root / step_dir_name(step)
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
+    # seconds for a real model (weights, optimizer state, fsync, checksums): a bar on a
+    # terminal, the parts written so far
+    shown = Progress(f"saving {final.name}", 4, "parts")
     try:
         root.mkdir(parents=True, exist_ok=True)
         _remove_temporaries(root)
@@ -133,15 +137,21 @@ def save_checkpoint(
         _restore_architecture(tmp / "model", model)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
+        shown.update()
         torch.save(trainer_state, tmp / "trainer_state.pt")
+        shown.update()
         _fsync_tree(tmp)
+        shown.update()
         write_manifest(tmp)  # last: its presence says the rest is on disk
+        shown.update()
     except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         newest = latest_checkpoint(run_dir)
         kept = f"the newest checkpoint is still {newest}" if newest else "no checkpoint was kept"
         reason = _first_line(exc)
         raise CheckpointWriteError(f"cannot write checkpoint {final} ({reason}); {kept}") from exc
+    finally:
+        shown.close()
     if final.exists():  # a re-run of the same step: replace it
         _discard(final)
     os.replace(tmp, final)

@@ -23,12 +23,14 @@ from typing import Any, Literal
 from gmts import configuration
 from gmts.core.config import SelectionConfig
 from gmts.core.objectives import ObjectiveConfig
+from gmts.models.defaults import BUDGET_MAX, BUDGET_RULE
 from gmts.models.lora import LoraConfig
 from gmts.sampling.vllm_engine import VLLMConfig
 
 ALGORITHMS = ("grpo", "dapo")
-DATASET_MAX_NEW_TOKENS = 1024
-"""Generation budget of dataset training when rollout.max_response_length is null."""
+DATASET_MAX_NEW_TOKENS = BUDGET_MAX
+"""The most a dataset run's fitted budget gives (rollout.max_response_length null:
+gmts.models.defaults.fit_budget); the memory plan assumes it."""
 PreemptSignal = Literal["SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT"]
 PREEMPT_SIGNALS: tuple[str, ...] = typing.get_args(PreemptSignal)
 """The signals ``checkpoint.preempt_signal`` may add to SIGTERM (gmts.train.preemption)."""
@@ -109,9 +111,11 @@ class DataConfig:
         "(the completion is the answer), or one a --plugin registered.",
     )
     template: str | None = _f(
-        "math",
-        "Prompt template name for gmts.data.prompts.format_prompt (dataset training only; "
-        "null: raw question text).",
+        "auto",
+        "Prompt template of gmts.data.prompts for data.dataset (math, plain, code, ...). auto: "
+        "the one that fits the model: plain (the question in the model's chat template) for a "
+        "model with a chat template, else math where its tokenizer reads that instruction, "
+        "else plain (the embedded model). null: the raw question text, no chat template.",
     )
     sandbox: Literal["bwrap", "subprocess"] | None = _f(
         None,
@@ -140,7 +144,7 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
-        from gmts.data.prompts import available_templates
+        from gmts.data.prompts import check_template
         from gmts.rewards.registry import available_rewards
         from gmts.rewards.sandbox import BACKENDS as SANDBOX_BACKENDS
 
@@ -152,11 +156,8 @@ class DataConfig:
                 "data.task",
                 f"unknown task {self.task!r}; available: {available_tasks()}",
             )
-        _check(
-            self.template is None or self.template in available_templates(),
-            "data.template",
-            f"unknown template {self.template!r}; available: {available_templates()}",
-        )
+        if self.template is not None:
+            check_template(self.template, "data.template")
         _check(
             self.reward in available_rewards(),
             "data.reward",
@@ -190,8 +191,9 @@ class RolloutConfig:
     )
     max_response_length: int | None = _f(
         None,
-        f"Max new tokens per answer (null: the task's own limit; {DATASET_MAX_NEW_TOKENS} for "
-        "datasets). Prompt + this must fit the model's context (checked at start).",
+        "Max new tokens per answer. null: the task's own limit; for data.dataset fitted to the "
+        f"data and the model: {BUDGET_RULE} (printed at start). Prompt + this must fit the "
+        "model's context (checked at start).",
     )
     generation_batch_size: int | None = _f(
         None,
@@ -405,7 +407,14 @@ class LoggingConfig:
         "none", "Also log to TensorBoard or Weights & Biases (must be installed)."
     )
     wandb_project: str = _f("gmts", "W&B project name.")
-    progress: bool = _f(True, "Show a progress bar with the live reward.")
+    progress: bool = _f(
+        True,
+        "Show progress on stderr (gmts._progress): on a terminal a bar over the steps with the "
+        "live reward and the phase in progress (rollout, update) with counts and the time "
+        "left, and one for each held-out evaluation; in a log one line per step or phase that "
+        "took 10 s or more. false: none of these (a model's conversion and a checkpoint save "
+        "still show theirs).",
+    )
     overlap_metrics: bool = _f(
         True, "Log the GMTS-vs-ETS selection overlap (Jaccard) and selected-token statistics."
     )

@@ -15,10 +15,12 @@ part in the result; the thread count (``threads``) does.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gmts._progress import Progress, count_forwards
 from gmts.scale.distributed import DistInfo, barrier
 from gmts.scale.strategy import Strategy
 from gmts.train.sources import HeldOutSet
@@ -54,18 +56,27 @@ def evaluate_held_out(
     result = None
     with strategy.sampling(model):  # every rank enters; rank 0 samples
         if info.is_main:
-            from gmts.embedded.evaluation import held_out_metrics
+            from gmts.embedded.evaluation import EVAL_BATCH_SIZE, held_out_metrics
 
-            result = held_out_metrics(
-                model,
-                tokenizer,
-                target,
-                n_questions=questions,
-                k=d.eval_samples,
-                seed=cfg.seed,
-                batch_size=cfg.rollout.generation_batch_size,
-                temperature=d.eval_temperature,
-            )
+            rows = questions * d.eval_samples
+            chunk = cfg.rollout.generation_batch_size or EVAL_BATCH_SIZE
+            what = f"held-out evaluation ({questions} questions x {d.eval_samples} samples)"
+            # one forward of the model per sampled token of each generation chunk (fewer when
+            # every row of a chunk has ended)
+            tokens = math.ceil(rows / chunk) * target.max_new_tokens
+            with Progress(what, tokens, "tokens", enabled=cfg.logging.progress) as shown:
+                with count_forwards(model, shown.update):
+                    result = held_out_metrics(
+                        model,
+                        tokenizer,
+                        target,
+                        n_questions=questions,
+                        k=d.eval_samples,
+                        seed=cfg.seed,
+                        batch_size=cfg.rollout.generation_batch_size,
+                        temperature=d.eval_temperature,
+                    )
+                shown.close(", ".join(f"{k} {v:.3f}" for k, v in result.items() if "@" in k))
     barrier(info)  # the other ranks wait for rank 0's evaluation
     return result
 

@@ -9,8 +9,9 @@ Each check is a function of what it needs and raises a ``ValueError`` (or
    settings hold (no file read yet);
 2. :func:`check_embedded_can_read`: a dataset's text encodes with the embedded model's
    tokenizer (before its warm start is built, minutes on first use);
-3. :func:`check_before_weights`: LoRA targets exist, the longest prompt plus the budget fits
-   the model's positions, the run fits the device (the memory plan), before any weight is read.
+3. :func:`read_model_config`: the LoRA targets exist in the model's config;
+4. :func:`check_before_weights`: the longest prompt plus the budget fits the model's
+   positions, the run fits the device (the memory plan), before any weight is read.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from gmts.models.loading import load_model_config
 from gmts.models.lora import check_targets
 from gmts.scale.distributed import DistInfo
 from gmts.scale.memory_plan import GIB, MemoryPlan, PlanSettings, check_fits_device, plan_memory
-from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
+from gmts.train.config import TrainConfig
+from gmts.train.generation import dataset_context_settings
 from gmts.train.rollout_engine import check_engine
 from gmts.train.sources import DatasetSource
 
@@ -81,8 +83,18 @@ class WeightsCheck:
     memory_plan: MemoryPlan | None
 
 
+def read_model_config(cfg: TrainConfig, load_path: str) -> Any:
+    """The model's config (its files, no weights), after checking that the LoRA targets exist
+    in it."""
+    remote = cfg.model.trust_remote_code
+    model_config = load_model_config(load_path, trust_remote_code=remote)
+    check_targets(model_config, cfg.model.lora, trust_remote_code=remote)
+    return model_config
+
+
 def check_before_weights(
     cfg: TrainConfig,
+    model_config: Any,
     load_path: str,
     *,
     tokenizer: Any,
@@ -90,11 +102,9 @@ def check_before_weights(
     info: DistInfo,
     device: torch.device,
 ) -> WeightsCheck:
-    """Do the LoRA targets exist, does the longest prompt plus the budget fit the model, does
-    the run fit the device? ``data`` is the run's :class:`gmts.train.run_parts.DataParts`."""
-    remote = cfg.model.trust_remote_code
-    model_config = load_model_config(load_path, trust_remote_code=remote)
-    check_targets(model_config, cfg.model.lora, trust_remote_code=remote)
+    """Does the longest prompt plus the budget fit the model (``model_config``, from
+    :func:`read_model_config`), does the run fit the device? ``data`` is the run's
+    :class:`gmts.train.run_parts.DataParts`, its budget fitted."""
     prompt_tokens = check_context(cfg, model_config, load_path, tokenizer, data, info)
     plan = memory_plan(cfg, model_config, info, device, prompt_tokens, data.max_new_tokens)
     return WeightsCheck(model_config, prompt_tokens, plan)
@@ -115,11 +125,7 @@ def check_context(
             f"{src.skipped_too_long} longer than rollout.max_prompt_length="
             f"{cfg.rollout.max_prompt_length} dropped at load)"
         )
-        settings = "rollout.max_prompt_length (longer prompts are dropped) or " + (
-            "rollout.max_response_length"
-            if cfg.rollout.max_response_length
-            else f"rollout.max_response_length (null: {DATASET_MAX_NEW_TOKENS} for datasets)"
-        )
+        settings = dataset_context_settings(cfg, tokenizer)
         if info.is_main and src.skipped_too_long:
             print(
                 f"data: dropped {src.skipped_too_long} of {kept + src.skipped_too_long} "

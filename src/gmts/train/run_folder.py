@@ -20,6 +20,7 @@ a one-line message: ``gmts train`` exits with status 2).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -215,16 +216,24 @@ def plan_start(
 
 
 def _check_writable(folder: Path) -> None:
-    """Create ``folder`` and write, flush and remove a file in it (RunFolderError if not)."""
+    """Write, flush and remove a file in ``folder`` (RunFolderError if that fails). The folders
+    this creates for the check are removed again: a start that fails later leaves no empty
+    run folder or ``checkpoints/`` behind (the run creates them when it writes into them)."""
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".gmts-write-check-", dir=folder)
         try:
-            os.write(fd, b"gmts")
-            os.fsync(fd)
+            fd, probe = tempfile.mkstemp(prefix=".gmts-write-check-", dir=folder)
+            try:
+                os.write(fd, b"gmts")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
         finally:
-            os.close(fd)
-            os.unlink(probe)
+            for path in created:  # deepest first; only while still empty
+                with contextlib.suppress(OSError):
+                    path.rmdir()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise RunFolderError(
@@ -250,7 +259,8 @@ def prepare_run_folder(
     allow_config_change: bool = False,
 ) -> RunStart:
     """:func:`plan_start`, then clear the folder (``overwrite``) and check that it and its
-    ``checkpoints/`` take a file. Rank 0's job; nothing is loaded yet."""
+    ``checkpoints/`` take a file (creating neither: the run does, when it writes). Rank 0's
+    job; nothing is loaded yet."""
     start = plan_start(
         cfg, resume=resume, overwrite=overwrite, allow_config_change=allow_config_change
     )

@@ -24,6 +24,7 @@ The loop that uses the parts is :class:`gmts.train.trainer.Trainer`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -36,12 +37,14 @@ import torch
 
 from gmts.configuration import to_dict
 from gmts.core.loss import LossConfig
+from gmts.models.context import context_limit
 from gmts.models.loading import EMBEDDED, load_tokenizer, pick_device
 from gmts.scale.distributed import DistInfo, init_distributed
 from gmts.scale.strategy import Strategy
 from gmts.train import preflight
 from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
 from gmts.train.correction import RolloutCorrection
+from gmts.train.generation import run_generation
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
 from gmts.train.policy import build_policy, resolve_base_path
 from gmts.train.restore import RestoredCounters, restore_trainer_state
@@ -185,8 +188,16 @@ def build_run(
     load_path = str(folder.resume_from / "model") if folder.resume_from else base_path
     tokenizer = load_tokenizer(load_path, trust_remote_code=cfg.model.trust_remote_code)
     data = render_data(cfg, rows, tokenizer)
+    model_config = preflight.read_model_config(cfg, load_path)
+    data = fit_generation(
+        cfg,
+        data,
+        tokenizer,
+        context_limit(model_config, tokenizer, where=load_path),
+        processes.info,
+    )
     checked = preflight.check_before_weights(
-        cfg, load_path, tokenizer=tokenizer, data=data, **_where(processes)
+        cfg, model_config, load_path, tokenizer=tokenizer, data=data, **_where(processes)
     )
     strategy, policy = build_policy(
         cfg, base_path, **_where(processes), resume_from=folder.resume_from
@@ -270,7 +281,7 @@ def open_data(cfg: TrainConfig, reward_fn: RewardFn | None) -> DataRows:
             held = load_examples(
                 cfg.data.eval_dataset, split=None, what="data.eval_dataset", **fields
             )
-        budget = cfg.rollout.max_response_length or DATASET_MAX_NEW_TOKENS
+        budget = cfg.rollout.max_response_length or DATASET_MAX_NEW_TOKENS  # fitted later
     if reward_fn is not None:
         expects = ("the reward_fn given to the trainer", "")
     return DataRows(task, examples, held, fn, expects, budget)
@@ -305,6 +316,28 @@ def render_data(cfg: TrainConfig, rows: DataRows, tokenizer: Any) -> DataParts:
         )
     return DataParts(
         rows.task, source, held_out, rows.reward_fn, rows.reward_expects, rows.max_new_tokens
+    )
+
+
+def fit_generation(
+    cfg: TrainConfig, data: DataParts, tokenizer: Any, limit: Any, info: DistInfo
+) -> DataParts:
+    """The data with the run's generation budget: the task's own or the one set, or for a
+    dataset with ``rollout.max_response_length: null`` one fitted to its answers and the
+    model's context ``limit`` (:func:`gmts.train.generation.run_generation`); rank 0 prints
+    the template, temperature and budget with the keys that change them."""
+    generation = run_generation(
+        cfg,
+        tokenizer,
+        limit,
+        source=data.source,
+        held_out=data.held_out,
+        max_new_tokens=data.max_new_tokens,
+    )
+    if info.is_main:
+        print(generation.line, file=sys.stderr)
+    return dataclasses.replace(
+        data, max_new_tokens=generation.max_new_tokens, held_out=generation.held_out
     )
 
 

@@ -1,10 +1,16 @@
-"""No silent zero-signal run: a warning when the first steps carry no learning signal.
+"""No silent zero-signal run: a warning when the first steps carry no learning signal, and one
+when most answers were cut at the budget.
 
 A group whose answers all got the same reward has advantage 0 for every answer, so GRPO learns
 nothing from it and DAPO's dynamic sampling drops it. When that holds for every group of the
 first ``ZERO_SIGNAL_STEPS`` steps (a reward of 0 for every answer is the common case: a model
 that cannot write what the reward reads), :class:`ZeroSignalWatch` warns once, with a sampled
 answer and what the reward expects, instead of letting the run train on nothing.
+
+An answer that reaches ``rollout.max_response_length`` without its end token was cut: its
+reward is usually 0 and its tokens are the start of an answer, not one. When more than
+:data:`gmts.models.defaults.TRUNCATED_WARN_FRACTION` of the first step's answers were cut, :class:`TruncationWatch`
+warns once, with the count and the key that raises the budget.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from gmts.models.defaults import truncation_message
 from gmts.train.collect import AnswerSample, CollectedBatch
 
 ZERO_SIGNAL_STEPS = 3
@@ -22,6 +29,37 @@ SHOWN_CHARS = 200
 
 class ZeroSignalWarning(UserWarning):
     """The first steps of a run had no group with differing rewards."""
+
+
+class TruncationWarning(UserWarning):
+    """Most answers of a run's first step were cut at the generation budget."""
+
+
+@dataclass
+class TruncationWatch:
+    """Warns once when most answers of the first step it sees were cut at the budget.
+
+    Attributes:
+        budget: new tokens per answer. key: the setting that raises it.
+    """
+
+    budget: int
+    key: str = "rollout.max_response_length"
+    done: bool = False
+
+    def observe(self, collected: CollectedBatch) -> str | None:
+        """The first step's answers: the warning (also issued as a :class:`TruncationWarning`)
+        when most were cut, else None; later steps: None."""
+        if self.done:
+            return None
+        self.done = True
+        stats = collected.stats
+        message = truncation_message(
+            int(stats.truncated), int(stats.answers), self.budget, self.key
+        )
+        if message is not None:
+            warnings.warn(message, TruncationWarning, stacklevel=2)
+        return message
 
 
 def _shown(text: str) -> str:

@@ -7,6 +7,7 @@ A run's parts are built by :func:`gmts.train.run_parts.build_run`; one step's al
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,8 +29,9 @@ from gmts.train.preemption import (
 )
 from gmts.train.run_folder import ResumeMode
 from gmts.train.run_parts import build_run, lr_lambda
+from gmts.train.run_progress import RunProgress
 from gmts.train.saving import save_run
-from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, ZeroSignalWatch
+from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, TruncationWatch, ZeroSignalWatch
 from gmts.train.sources import RewardFn
 from gmts.train.step import score_rollout, update_policy
 from gmts.train.step_row import step_row
@@ -87,10 +89,13 @@ class Trainer:
         # the loop's own state
         self.step, self.skipped_total = parts.counters.step, parts.counters.skipped_total
         self._signal_watch: ZeroSignalWatch | None = None  # made at the first step (rank 0)
+        self._truncation_watch: TruncationWatch | None = None
+        self.display: RunProgress | None = None  # the steps' bar, made by run()
 
     def collect(self, step: int) -> CollectedBatch:
         """This rank's rollout batch for ``step`` (rewards, dynamic sampling, advantages)."""
-        with self.rollout_engine.session():
+        shown = self.display.rollout() if self.display else contextlib.nullcontext()
+        with self.rollout_engine.session(), shown:
             return collect_batch(
                 self.rollout_engine,
                 self.source,
@@ -162,7 +167,10 @@ class Trainer:
                 dynamic_sampling=bool(self.cfg.rollout.dynamic_sampling),
                 steps=max(1, min(ZERO_SIGNAL_STEPS, self.cfg.optim.steps - step)),
             )
+            self._truncation_watch = TruncationWatch(self.parts.data.max_new_tokens)
         self._signal_watch.observe(collected)
+        assert self._truncation_watch is not None
+        self._truncation_watch.observe(collected)
 
     # ------------------------------------------------------------------ evaluation, saving
 
@@ -206,13 +214,15 @@ class Trainer:
                 self.logger.log(0, result.eval_before, EVAL_FILE)
         elif self._evaluation_due():  # resumed: this step's evaluation comes after its save
             self._evaluate_and_log()
-        bar = None
-        if cfg.logging.progress and self.info.is_main:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(
-                total=cfg.optim.steps, initial=self.step, desc=self.run_dir.name, unit="step"
-            )
+        bar = self.display = RunProgress.for_run(
+            cfg,
+            initial=self.step,
+            enabled=cfg.logging.progress and self.info.is_main,
+            model=self.model,
+            world_size=self.info.world_size,
+            max_new_tokens=self.parts.data.max_new_tokens,
+            what=self.run_dir.name,
+        )
         self._stop_if_requested(guard, bar)  # a signal during the evaluation before step 1
         every = cfg.checkpoint.every
         t_start = time.perf_counter()
@@ -222,21 +232,14 @@ class Trainer:
             metrics["time/elapsed_s"] = time.perf_counter() - t_start
             self.logger.log(self.step, metrics)
             result.history.append(metrics)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{metrics['reward/mean']:.3f}",
-                    acc=f"{metrics['reward/accuracy']:.2f}",
-                    sel=f"{metrics.get('select/fraction', 1.0):.2f}",
-                )
+            bar.step_done(self.step, metrics)
             if every and (self.step % every == 0 or self.step == cfg.optim.steps):
                 self._save_once()  # the last step too, whatever save_final says
             self._stop_if_requested(guard, bar)  # a signal during the step or its save
             if self._evaluation_due():
                 self._evaluate_and_log()
                 self._stop_if_requested(guard, bar)  # a signal during the evaluation
-        if bar is not None:
-            bar.close()
+        bar.close()
         if cfg.checkpoint.save_final:
             self._save_once()
         self._stop_if_requested(guard, None)  # a signal during the final save
