@@ -450,8 +450,8 @@ def _pairs(labels: set[str]) -> list[tuple[str, str]]:
 def paired(runs: list[dict]) -> dict[str, list[dict[str, Any]]]:
     """Per recipe, A - B seed by seed (points of held-out average@k): the final evaluation and
     the mean over training, each with its mean, spread and 95% t interval
-    (gmts.cli.demo_stats.paired_difference)."""
-    from gmts.cli.demo_stats import paired_difference
+    (gmts.demo.stats.paired_difference)."""
+    from gmts.demo.stats import paired_difference
 
     by: dict[str, dict[str, dict[int, dict]]] = {}
     for run in runs:

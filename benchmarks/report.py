@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmts.cli.provenance import describe_machine, describe_run
+from gmts.provenance import describe_machine, describe_run
 
 BENCH_DIR = Path(__file__).resolve().parent
 DOC = BENCH_DIR.parent / "docs" / "results.md"
@@ -396,7 +396,7 @@ def _recipes(record: dict[str, Any]) -> dict[str, str]:
 
 
 def _signed(d: dict[str, Any] | None) -> str:
-    """A paired difference (gmts.cli.demo_stats.PairedDifference as a dict), in points."""
+    """A paired difference (gmts.demo.stats.PairedDifference as a dict), in points."""
     if not d:
         return "—"
     if d.get("std") is None or d.get("low") is None:
