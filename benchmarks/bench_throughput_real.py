@@ -265,7 +265,7 @@ def trl_trainer(hf: Any, work: Path, steps: int) -> Any:
 
     def math_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [float(hf.reward_fn(text, a)) for text, a in zip(texts, answer)]
+        return [float(hf.parts.data.reward_fn(text, a)) for text, a in zip(texts, answer)]
 
     return GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(
@@ -522,7 +522,7 @@ def gmts_config_record(
         "model": hf.cfg.model.path,
         "questions": hf.cfg.rollout.questions_per_batch,
         "group_size": hf.cfg.rollout.group_size,
-        "max_new_tokens": hf.max_new_tokens,
+        "max_new_tokens": hf.parts.data.max_new_tokens,
         "temperature": hf.cfg.rollout.temperature,
         "dynamic_sampling": hf.cfg.rollout.dynamic_sampling,
         "max_sampling_rounds": hf.cfg.rollout.max_sampling_rounds,
