@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gmts.cli.provenance import git_commit as provenance_commit
-from gmts.cli.provenance import machine_record
-from gmts.cli.provenance import utc_now as utc_now  # re-exported for the benchmarks
+from gmts.provenance import git_commit as provenance_commit
+from gmts.provenance import machine_record
+from gmts.provenance import utc_now as utc_now  # re-exported for the benchmarks
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -205,7 +205,7 @@ def mem_available_bytes() -> int | None:
 
 
 def machine_description() -> dict[str, Any]:
-    """The machine, its versions and its load now (:func:`gmts.cli.provenance.machine_record`)."""
+    """The machine, its versions and its load now (:func:`gmts.provenance.machine_record`)."""
     return machine_record()
 
 

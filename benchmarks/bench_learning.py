@@ -450,8 +450,8 @@ def _pairs(labels: set[str]) -> list[tuple[str, str]]:
 def paired(runs: list[dict]) -> dict[str, list[dict[str, Any]]]:
     """Per recipe, A - B seed by seed (points of held-out average@k): the final evaluation and
     the mean over training, each with its mean, spread and 95% t interval
-    (gmts.cli.demo_stats.paired_difference)."""
-    from gmts.cli.demo_stats import paired_difference
+    (gmts.demo.stats.paired_difference)."""
+    from gmts.demo.stats import paired_difference
 
     by: dict[str, dict[str, dict[int, dict]]] = {}
     for run in runs:
@@ -548,9 +548,48 @@ def _moving_average(values: list[float], width: int) -> list[float]:
 # the driver
 
 
-def run(options) -> dict[str, Any]:
-    from bench_common import REPO_ROOT
+@dataclass(frozen=True)
+class Sweep:
+    """One invocation's sweep: the plan's runs and what every run shares (``steps`` RL steps,
+    held-out evaluation every ``eval_every`` steps on ``eval_questions`` questions, the warm
+    start at ``model_path``, ``threads`` each), ``jobs`` runs at once into ``runs_dir``."""
 
+    plan_name: str
+    specs: list[RunSpec]
+    steps: int
+    eval_every: int
+    eval_questions: int
+    jobs: int
+    threads: int
+    runs_dir: Path
+    model_path: str
+
+    def run_file(self, spec: RunSpec) -> Path:
+        return self.runs_dir / f"{spec.run_id}.json"
+
+    def fingerprint(self, spec: RunSpec) -> str:
+        """What ``spec``'s run file must hold to stand for this sweep's run."""
+        cfg = run_config(
+            spec,
+            self.model_path,
+            self.runs_dir / spec.run_id,
+            self.steps,
+            self.eval_every,
+            self.eval_questions,
+        )
+        return config_fingerprint(cfg, self.threads)
+
+    def needed(self, spec: RunSpec) -> bool:
+        """Whether ``spec`` has no run file of this sweep's settings yet."""
+        path = self.run_file(spec)
+        if not path.exists():
+            return True
+        old = json.loads(path.read_text())
+        return old.get("config") != self.fingerprint(spec)
+
+
+def sweep_of(options) -> Sweep:
+    """The sweep ``options`` (run.py's) ask for; the warm start trained here once if needed."""
     plan_name = "quick" if options.quick else options.extra.get("learning_plan") or "subset"
     steps = options.extra.get("learning_steps") or (4 if options.quick else DEFAULT_STEPS)
     eval_every = options.extra.get("learning_eval_every")
@@ -565,32 +604,37 @@ def run(options) -> dict[str, Any]:
     from tiny_setup import warm_model_path
 
     model_path = warm_model_path()  # trained here once (minutes), not by every worker at once
+    return Sweep(
+        plan_name,
+        specs,
+        steps,
+        eval_every,
+        eval_questions,
+        jobs,
+        options.threads,
+        runs_dir,
+        model_path,
+    )
 
-    def fingerprint(spec: RunSpec) -> str:
-        cfg = run_config(
-            spec, model_path, runs_dir / spec.run_id, steps, eval_every, eval_questions
-        )
-        return config_fingerprint(cfg, options.threads)
 
-    def needed(spec: RunSpec) -> bool:
-        path = runs_dir / f"{spec.run_id}.json"
-        if not path.exists():
-            return True
-        old = json.loads(path.read_text())
-        return old.get("config") != fingerprint(spec)
-
-    todo = [s for s in specs if needed(s)]
-    print(f"  learning: plan {plan_name!r}: {len(specs)} runs, {len(todo)} to do", flush=True)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+def run_missing(sweep: Sweep) -> list[str]:
+    """Each run of ``sweep`` without its file, ``sweep.jobs`` worker processes at once; one
+    message per run (``"<id>: ok"`` or what failed)."""
+    todo = [s for s in sweep.specs if sweep.needed(s)]
+    print(
+        f"  learning: plan {sweep.plan_name!r}: {len(sweep.specs)} runs, {len(todo)} to do",
+        flush=True,
+    )
+    with ThreadPoolExecutor(max_workers=sweep.jobs) as pool:
         futures = [
             pool.submit(
                 _spawn,
                 s,
-                runs_dir / f"{s.run_id}.json",
-                steps,
-                eval_every,
-                eval_questions,
-                options.threads,
+                sweep.run_file(s),
+                sweep.steps,
+                sweep.eval_every,
+                sweep.eval_questions,
+                sweep.threads,
             )
             for s in todo
         ]
@@ -598,10 +642,16 @@ def run(options) -> dict[str, Any]:
         for future in futures:
             messages.append(future.result())
             print("  learning:", messages[-1], flush=True)
-    wanted = {s.run_id: fingerprint(s) for s in specs}
+    return messages
+
+
+def plan_runs(sweep: Sweep) -> tuple[list[dict], list[str]]:
+    """(the run files of the plan made with this sweep's settings, the ids of the plan's runs
+    whose file is older: a run that failed this time is not this plan's result)."""
+    wanted = {s.run_id: sweep.fingerprint(s) for s in sweep.specs}
     runs = []
     stale = []
-    for path in sorted(runs_dir.glob("*.json")):
+    for path in sorted(sweep.runs_dir.glob("*.json")):
         run_record = json.loads(path.read_text())
         if run_record["run_id"] not in wanted:
             continue
@@ -609,61 +659,72 @@ def run(options) -> dict[str, Any]:
             runs.append(run_record)
         else:  # a run that failed this time: its older file is not this plan's result
             stale.append(run_record["run_id"])
-    from bench_common import DEFAULT_RESULTS_DIR
+    return runs, stale
 
+
+def run_row(r: dict) -> dict[str, Any]:
+    """One run's row of the record: its scores before and after, its selection, its time."""
+    return {
+        "run_id": r["run_id"],
+        "label": RunSpec(**r["spec"]).label,
+        "algorithm": r["spec"]["algorithm"],
+        "seed": r["spec"]["seed"],
+        "average_before": next(
+            (v for k, v in (r.get("eval_before") or {}).items() if k.startswith("average@")),
+            None,
+        ),
+        "average_after": _final_avg(r),
+        "pass_after": next(
+            (v for k, v in (r.get("eval_after") or {}).items() if k.startswith("pass@")), None
+        ),
+        "selected_fraction": statistics.fmean(h.get("select/fraction", 1.0) for h in r["history"])
+        if r["history"]
+        else None,
+        "wall_s": r["wall_s"],
+    }
+
+
+def sweep_settings(sweep: Sweep, runs_done: int) -> dict[str, Any]:
+    """The record's ``settings``: the plan, its shared recipe and the recipes it uses."""
+    return {
+        "plan": sweep.plan_name,
+        "runs_in_plan": len(sweep.specs),
+        "runs_done": runs_done,
+        "steps": sweep.steps,
+        "questions": 32,
+        "group_size": 8,
+        "lr": 2e-4,
+        "eval_every": sweep.eval_every,
+        "eval_questions": sweep.eval_questions,
+        "eval_samples": 16,
+        "jobs": sweep.jobs,
+        "warm_start_seed": 0,
+        "warm_start": Path(sweep.model_path).name,
+        "recipes": {
+            name: {"title": r.title, "description": r.description}
+            for name, r in RECIPES.items()
+            if any(spec.algorithm == name for spec in sweep.specs)
+        },
+    }
+
+
+def run(options) -> dict[str, Any]:
+    from bench_common import DEFAULT_RESULTS_DIR, REPO_ROOT
+
+    sweep = sweep_of(options)
+    messages = run_missing(sweep)
+    runs, stale = plan_runs(sweep)
     to_docs = not options.quick and options.out_dir.resolve() == DEFAULT_RESULTS_DIR.resolve()
     figure_dir = (
         REPO_ROOT / "docs" / "figures" / "results" if to_docs else options.out_dir / "figures"
     )
     figures = plot_curves(runs, figure_dir) if runs else []
     summary = aggregate(runs)
-    rows = [
-        {
-            "run_id": r["run_id"],
-            "label": RunSpec(**r["spec"]).label,
-            "algorithm": r["spec"]["algorithm"],
-            "seed": r["spec"]["seed"],
-            "average_before": next(
-                (v for k, v in (r.get("eval_before") or {}).items() if k.startswith("average@")),
-                None,
-            ),
-            "average_after": _final_avg(r),
-            "pass_after": next(
-                (v for k, v in (r.get("eval_after") or {}).items() if k.startswith("pass@")), None
-            ),
-            "selected_fraction": statistics.fmean(
-                h.get("select/fraction", 1.0) for h in r["history"]
-            )
-            if r["history"]
-            else None,
-            "wall_s": r["wall_s"],
-        }
-        for r in runs
-    ]
     return {
-        "settings": {
-            "plan": plan_name,
-            "runs_in_plan": len(specs),
-            "runs_done": len(runs),
-            "steps": steps,
-            "questions": 32,
-            "group_size": 8,
-            "lr": 2e-4,
-            "eval_every": eval_every,
-            "eval_questions": eval_questions,
-            "eval_samples": 16,
-            "jobs": jobs,
-            "warm_start_seed": 0,
-            "warm_start": Path(model_path).name,
-            "recipes": {
-                name: {"title": r.title, "description": r.description}
-                for name, r in RECIPES.items()
-                if any(spec.algorithm == name for spec in specs)
-            },
-        },
+        "settings": sweep_settings(sweep, len(runs)),
         "failures": [m for m in messages if not m.endswith(": ok")],
         "stale_runs_left_out": stale,
-        "rows": rows,
+        "rows": [run_row(r) for r in runs],
         "summary": summary,
         "figures": [
             str(Path(f).relative_to(REPO_ROOT)) if f.startswith(str(REPO_ROOT)) else f

@@ -47,72 +47,63 @@ VARIANTS = {  # name -> (selection score, selection logging on)
 }
 
 
-def run(options: BenchOptions) -> dict[str, Any]:
-    import torch
-
-    from gmts.train.trainer import Trainer
-
-    torch.set_num_threads(options.threads)
-    shape = StepShape(questions=8, group_size=4) if options.quick else StepShape()
-    repeats = 2 if options.quick else int(options.extra.get("overhead_repeats", 20))
-    if options.device != "cpu" and not options.quick:
-        repeats = min(repeats, 10)  # a 1.5B model: keeps item 6 inside its 10-minute budget
+def variant_config(
+    options: BenchOptions, name: str, output_dir: Path, shape: StepShape, model_path: Any
+) -> Any:
+    """``name``'s trainer config: the ``--overhead-config`` file's, or the demo recipe on the
+    warm start at ``model_path`` with ``shape``."""
+    score, metrics_on = VARIANTS[name]
     config_file = options.extra.get("overhead_config")
-    model_path = None if config_file else warm_model_path()
-    trainers: dict[str, Any] = {}
-    initial: dict[str, tuple[dict, dict]] = {}
-    with tempfile.TemporaryDirectory(prefix="gmts-bench-overhead-") as tmp:
-        for name, (score, metrics_on) in VARIANTS.items():
-            output_dir = Path(tmp) / name.replace("+", "_")
-            if config_file:
-                cfg = config_from_file(
-                    config_file, options.extra.get("overhead_set") or [], output_dir, score
-                )
-                cfg = replace(cfg, logging=replace(cfg.logging, overlap_metrics=metrics_on))
-                shape = StepShape(cfg.rollout.questions_per_batch, cfg.rollout.group_size)
-            else:
-                cfg = train_config(
-                    model_path,
-                    output_dir,
-                    score=score,
-                    shape=shape,
-                    overlap_metrics=metrics_on,
-                    device=options.device,
-                    # every sampled answer is trained on: the same work in every step (and a
-                    # random model on the GPU, whose rewards are all 0, would leave DAPO nothing
-                    # to keep)
-                    dynamic_sampling=False,
-                )
-            trainer = Trainer(cfg)
-            trainers[name] = trainer
-            initial[name] = (  # kept in host memory: four models share one GPU
-                {k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()},
-                copy.deepcopy(trainer.optimizer.state_dict()),  # empty before the first step
-            )
-        samples: dict[str, dict[str, list[float]]] = {
-            name: {"update": [], "step": [], "rollout": [], "tokens": [], "selected": []}
-            for name in VARIANTS
-        }
-        names = list(VARIANTS)
-        for round_index in range(1 + repeats):  # round 0 is a warm-up
-            order = names[round_index % len(names) :] + names[: round_index % len(names)]
-            for name in order:
-                trainer = trainers[name]
-                model_state, optim_state = initial[name]
-                trainer.model.load_state_dict(model_state)
-                trainer.optimizer.load_state_dict(optim_state)
-                metrics = trainer.train_step(0)
-                if round_index == 0:
-                    continue
-                s = samples[name]
-                s["update"].append(metrics["time/update_s"])
-                s["step"].append(metrics["time/step_s"])
-                s["rollout"].append(metrics["time/rollout_s"])
-                s["tokens"].append(metrics["response/tokens"])
-                s["selected"].append(metrics.get("select/fraction", 1.0))
-        for trainer in trainers.values():
-            trainer.logger.close()
+    if config_file:
+        cfg = config_from_file(
+            config_file, options.extra.get("overhead_set") or [], output_dir, score
+        )
+        return replace(cfg, logging=replace(cfg.logging, overlap_metrics=metrics_on))
+    return train_config(
+        model_path,
+        output_dir,
+        score=score,
+        shape=shape,
+        overlap_metrics=metrics_on,
+        device=options.device,
+        # every sampled answer is trained on: the same work in every step (and a random model
+        # on the GPU, whose rewards are all 0, would leave DAPO nothing to keep)
+        dynamic_sampling=False,
+    )
 
+
+def timed_rounds(
+    trainers: dict[str, Any], initial: dict[str, tuple[dict, dict]], repeats: int
+) -> dict[str, dict[str, list[float]]]:
+    """Per variant, per timed round: its step's times, tokens and selected fraction. Round 0
+    is a warm-up; in every round each trainer starts from its ``initial`` (model, optimizer)
+    state and the variants take turns in rotating order."""
+    samples: dict[str, dict[str, list[float]]] = {
+        name: {"update": [], "step": [], "rollout": [], "tokens": [], "selected": []}
+        for name in VARIANTS
+    }
+    names = list(VARIANTS)
+    for round_index in range(1 + repeats):  # round 0 is a warm-up
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]
+        for name in order:
+            trainer = trainers[name]
+            model_state, optim_state = initial[name]
+            trainer.model.load_state_dict(model_state)
+            trainer.optimizer.load_state_dict(optim_state)
+            metrics = trainer.train_step(0)
+            if round_index == 0:
+                continue
+            s = samples[name]
+            s["update"].append(metrics["time/update_s"])
+            s["step"].append(metrics["time/step_s"])
+            s["rollout"].append(metrics["time/rollout_s"])
+            s["tokens"].append(metrics["response/tokens"])
+            s["selected"].append(metrics.get("select/fraction", 1.0))
+    return samples
+
+
+def variant_rows(samples: dict[str, dict[str, list[float]]]) -> list[dict[str, Any]]:
+    """Per variant: its medians and its ratios to ``none`` (of the medians, and paired)."""
     rows = []
     base = samples["none"]
     base_update = summarize_times(base["update"])["median_s"]
@@ -137,22 +128,33 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 "step_vs_none_paired_median": _paired(s["step"], base["step"]),
             }
         )
+    return rows
+
+
+def overhead_goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GMTS's step time within 5% of no selection's, without and with the rollout."""
     goals = []
-    if not options.quick:
-        gmts_row = next(r for r in rows if r["variant"] == "gmts")
-        for label, key in (
-            ("rollout excluded", "update_vs_none"),
-            ("rollout included", "step_vs_none"),
-        ):
-            value = gmts_row[key]
-            goals.append(
-                goal(
-                    f"GMTS step time vs no selection ({label})",
-                    "<= 1.05x",
-                    f"{value:.3f}x (paired {gmts_row[key + '_paired_median']:.3f}x)",
-                    value <= 1.05,
-                )
+    gmts_row = next(r for r in rows if r["variant"] == "gmts")
+    for label, key in (
+        ("rollout excluded", "update_vs_none"),
+        ("rollout included", "step_vs_none"),
+    ):
+        value = gmts_row[key]
+        goals.append(
+            goal(
+                f"GMTS step time vs no selection ({label})",
+                "<= 1.05x",
+                f"{value:.3f}x (paired {gmts_row[key + '_paired_median']:.3f}x)",
+                value <= 1.05,
             )
+        )
+    return goals
+
+
+def overhead_settings(
+    options: BenchOptions, shape: StepShape, repeats: int, cfg: Any
+) -> dict[str, Any]:
+    """The record's ``settings`` (``cfg``: a variant's config, read with ``--overhead-config``)."""
     settings: dict[str, Any] = {
         "model": os.environ.get("GMTS_BENCH_MODEL")
         or "embedded warm start (GPT-2, 2 layers, width 128)",
@@ -164,8 +166,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
         "ratio": 0.2,
         "repeats": repeats,
     }
+    config_file = options.extra.get("overhead_config")
     if config_file:
-        cfg = next(iter(trainers.values())).cfg
         settings.update(
             config=str(config_file),
             overrides=list(options.extra.get("overhead_set") or []),
@@ -175,10 +177,42 @@ def run(options: BenchOptions) -> dict[str, Any]:
             ratio=cfg.selection.ratio,
             max_response_length=cfg.rollout.max_response_length,
         )
+    return settings
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    import torch
+
+    from gmts.train.trainer import Trainer
+
+    torch.set_num_threads(options.threads)
+    shape = StepShape(questions=8, group_size=4) if options.quick else StepShape()
+    repeats = 2 if options.quick else int(options.extra.get("overhead_repeats", 20))
+    if options.device != "cpu" and not options.quick:
+        repeats = min(repeats, 10)  # a 1.5B model: keeps item 6 inside its 10-minute budget
+    model_path = None if options.extra.get("overhead_config") else warm_model_path()
+    trainers: dict[str, Any] = {}
+    initial: dict[str, tuple[dict, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="gmts-bench-overhead-") as tmp:
+        for name in VARIANTS:
+            output_dir = Path(tmp) / name.replace("+", "_")
+            cfg = variant_config(options, name, output_dir, shape, model_path)
+            if options.extra.get("overhead_config"):  # the file's questions and group size
+                shape = StepShape(cfg.rollout.questions_per_batch, cfg.rollout.group_size)
+            trainer = Trainer(cfg)
+            trainers[name] = trainer
+            initial[name] = (  # kept in host memory: four models share one GPU
+                {k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()},
+                copy.deepcopy(trainer.optimizer.state_dict()),  # empty before the first step
+            )
+        samples = timed_rounds(trainers, initial, repeats)
+        for trainer in trainers.values():
+            trainer.logger.close()
+    rows = variant_rows(samples)
     return {
-        "settings": settings,
+        "settings": overhead_settings(options, shape, repeats, next(iter(trainers.values())).cfg),
         "rows": rows,
-        "goals": goals,
+        "goals": [] if options.quick else overhead_goals(rows),
     }
 
 

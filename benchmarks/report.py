@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmts.cli.provenance import describe_machine, describe_run
+from gmts.provenance import describe_machine, describe_run
 
 BENCH_DIR = Path(__file__).resolve().parent
 DOC = BENCH_DIR.parent / "docs" / "results.md"
@@ -267,16 +267,9 @@ def _mean_std(cell: dict[str, Any] | None) -> str:
     return text + f" (n={cell['n']})"
 
 
-def render_learning(record: dict[str, Any]) -> str:
-    s = record["settings"]
+def _learning_table1(record: dict[str, Any]) -> str:
+    """Table 1's layout: per algorithm, all tokens vs ETS vs GMTS at 20%, final scores."""
     cells = record["summary"]["cells"]
-    warm = record["summary"].get("warm_start_average") or {}
-    parts = [
-        f"Plan `{s['plan']}`: {s['runs_done']} of {s['runs_in_plan']} runs; {s['steps']} steps x "
-        f"{s['questions']} questions x {s['group_size']} samples, lr {s['lr']}; held-out "
-        f"average@{s['eval_samples']} (%) on {s['eval_questions']} questions, mean ± std over "
-        f"RL seeds (n = seeds). Warm start (before RL): {_mean_std(warm)}."
-    ]
     t1 = [
         [alg.upper()]
         + [
@@ -286,12 +279,17 @@ def render_learning(record: dict[str, Any]) -> str:
         for alg in ("grpo", "dapo")
         if alg in cells
     ]
-    parts.append(
-        "**Table 1 layout** (top 20%):\n\n"
-        + _table(["algorithm", "all tokens", "+ETS 20%", "+GMTS 20%"], t1)
+    return "**Table 1 layout** (top 20%):\n\n" + _table(
+        ["algorithm", "all tokens", "+ETS 20%", "+GMTS 20%"], t1
     )
+
+
+def _learning_curve_tables(record: dict[str, Any]) -> list[str]:
+    """Per recipe with more than one evaluation: each method's score by training step."""
+    s = record["settings"]
     curves = record["summary"].get("curve_cells") or {}
     recipes = _recipes(record)
+    parts = []
     for alg in recipes:
         labels = [
             k for k in ("all tokens", "ETS top 0.2", "GMTS top 0.2") if k in curves.get(alg, {})
@@ -305,49 +303,76 @@ def render_learning(record: dict[str, Any]) -> str:
                 f"(how fast each method learns; the last column is {last}):\n\n"
                 + _table(["method"] + [f"step {st}" for st in steps], rows)
             )
-    objectives = render_objectives(record)
-    if objectives:
-        parts.append(objectives)
-    paired = render_paired(record)
-    if paired:
-        parts.append(paired)
-    dapo = cells.get("dapo", {})
+    return parts
+
+
+def _learning_table7(record: dict[str, Any]) -> str | None:
+    """Table 7's layout (DAPO's top-ratio sweep: final, and at the first evaluation); None
+    without a top ratio."""
+    dapo = record["summary"]["cells"].get("dapo", {})
     ratios = sorted({float(k.split()[-1]) for k in dapo if " top " in k})
-    if ratios:
-        early = curves.get("dapo", {})
-        first = min((int(st) for d in early.values() for st in d), default=None)
+    if not ratios:
+        return None
+    early = (record["summary"].get("curve_cells") or {}).get("dapo", {})
+    first = min((int(st) for d in early.values() for st in d), default=None)
 
-        def at_first(label: str) -> str:
-            return _mean_std(early.get(label, {}).get(str(first))) if first else "-"
+    def at_first(label: str) -> str:
+        return _mean_std(early.get(label, {}).get(str(first))) if first else "-"
 
-        t7 = [
-            [
-                f"{r:g}",
-                _mean_std(dapo.get(f"ETS top {r:g}")),
-                _mean_std(dapo.get(f"GMTS top {r:g}")),
-                at_first(f"ETS top {r:g}"),
-                at_first(f"GMTS top {r:g}"),
-            ]
-            for r in ratios
+    t7 = [
+        [
+            f"{r:g}",
+            _mean_std(dapo.get(f"ETS top {r:g}")),
+            _mean_std(dapo.get(f"GMTS top {r:g}")),
+            at_first(f"ETS top {r:g}"),
+            at_first(f"GMTS top {r:g}"),
         ]
-        parts.append(
-            "**Table 7 layout** (DAPO, top ratio sweep; final, and at the first evaluation):\n\n"
-            + _table(["ratio", "ETS", "GMTS", f"ETS @ step {first}", f"GMTS @ step {first}"], t7)
-        )
+        for r in ratios
+    ]
+    return (
+        "**Table 7 layout** (DAPO, top ratio sweep; final, and at the first evaluation):\n\n"
+        + _table(["ratio", "ETS", "GMTS", f"ETS @ step {first}", f"GMTS @ step {first}"], t7)
+    )
+
+
+def _learning_table6(record: dict[str, Any]) -> str | None:
+    """Table 6's layout (DAPO, bottom selection); None without a bottom run."""
+    dapo = record["summary"]["cells"].get("dapo", {})
     bottoms = sorted({float(k.split()[-1]) for k in dapo if " bottom " in k})
-    if bottoms:
-        t6 = [
-            [
-                f"bottom {r:g}",
-                _mean_std(dapo.get(f"ETS bottom {r:g}")),
-                _mean_std(dapo.get(f"GMTS bottom {r:g}")),
-            ]
-            for r in bottoms
+    if not bottoms:
+        return None
+    t6 = [
+        [
+            f"bottom {r:g}",
+            _mean_std(dapo.get(f"ETS bottom {r:g}")),
+            _mean_std(dapo.get(f"GMTS bottom {r:g}")),
         ]
-        parts.append(
-            "**Table 6 layout** (DAPO, bottom selection):\n\n"
-            + _table(["selection", "ETS", "GMTS"], t6)
-        )
+        for r in bottoms
+    ]
+    return "**Table 6 layout** (DAPO, bottom selection):\n\n" + _table(
+        ["selection", "ETS", "GMTS"], t6
+    )
+
+
+def render_learning(record: dict[str, Any]) -> str:
+    s = record["settings"]
+    warm = record["summary"].get("warm_start_average") or {}
+    parts = [
+        f"Plan `{s['plan']}`: {s['runs_done']} of {s['runs_in_plan']} runs; {s['steps']} steps x "
+        f"{s['questions']} questions x {s['group_size']} samples, lr {s['lr']}; held-out "
+        f"average@{s['eval_samples']} (%) on {s['eval_questions']} questions, mean ± std over "
+        f"RL seeds (n = seeds). Warm start (before RL): {_mean_std(warm)}.",
+        _learning_table1(record),
+        *_learning_curve_tables(record),
+    ]
+    for part in (
+        render_objectives(record),
+        render_paired(record),
+        _learning_table7(record),
+        _learning_table6(record),
+    ):
+        if part:
+            parts.append(part)
     if record.get("failures"):
         parts.append("Failed runs: " + "; ".join(record["failures"]))
     for fig in record.get("figures", []):
@@ -396,7 +421,7 @@ def _recipes(record: dict[str, Any]) -> dict[str, str]:
 
 
 def _signed(d: dict[str, Any] | None) -> str:
-    """A paired difference (gmts.cli.demo_stats.PairedDifference as a dict), in points."""
+    """A paired difference (gmts.demo.stats.PairedDifference as a dict), in points."""
     if not d:
         return "—"
     if d.get("std") is None or d.get("low") is None:

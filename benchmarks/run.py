@@ -20,6 +20,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -146,66 +147,110 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        names = parse_only(args.only)
-    except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
+def options_from(args: argparse.Namespace, names: list[str]) -> BenchOptions:
+    """The benchmarks' options from the command line, every check done before any benchmark
+    starts (ValueError with the message to print)."""
     quick_dir = Path(tempfile.gettempdir()) / "gmts-bench-quick"
     default_dir = DEFAULT_RESULTS_DIR if args.device == "cpu" else DEFAULT_RESULTS_DIR / "gpu"
     out_dir = args.out or (quick_dir if args.quick else default_dir)
     on_cpu_only = {"throughput", "learning", "rollout"} & set(names)
     if args.device != "cpu" and on_cpu_only:
-        print(f"--device {args.device}: {sorted(on_cpu_only)} run on the CPU only", file=sys.stderr)
-        return 2
-    try:  # BenchOptions checks threads and device before any benchmark starts
-        options = BenchOptions(
-            quick=args.quick,
-            threads=args.threads,
-            device=args.device,
-            out_dir=out_dir,
-            extra={
-                "logprobs_repeats": args.logprobs_repeats,
-                "logprobs_grid": args.logprobs_grid,
-                "logprobs_shape": args.logprobs_shape,
-                "learning_plan": args.learning_plan,
-                "learning_steps": args.learning_steps,
-                "learning_jobs": args.learning_jobs,
-                "learning_eval_every": args.learning_eval_every,
-                "learning_eval_questions": args.learning_eval_questions,
-                "rollout_repeats": args.rollout_repeats,
-                "overhead_config": args.overhead_config,
-                "overhead_set": args.overhead_set,
-                "overhead_repeats": args.overhead_repeats,
-            },
-        )
-    except ValueError as error:
-        print(error, file=sys.stderr)
-        return 2
+        raise ValueError(f"--device {args.device}: {sorted(on_cpu_only)} run on the CPU only")
+    # BenchOptions checks threads and device before any benchmark starts
+    options = BenchOptions(
+        quick=args.quick,
+        threads=args.threads,
+        device=args.device,
+        out_dir=out_dir,
+        extra={
+            "logprobs_repeats": args.logprobs_repeats,
+            "logprobs_grid": args.logprobs_grid,
+            "logprobs_shape": args.logprobs_shape,
+            "learning_plan": args.learning_plan,
+            "learning_steps": args.learning_steps,
+            "learning_jobs": args.learning_jobs,
+            "learning_eval_every": args.learning_eval_every,
+            "learning_eval_questions": args.learning_eval_questions,
+            "rollout_repeats": args.rollout_repeats,
+            "overhead_config": args.overhead_config,
+            "overhead_set": args.overhead_set,
+            "overhead_repeats": args.overhead_repeats,
+        },
+    )
+    check_overhead_config(args)
+    if "logprobs" in names:
+        check_logprobs_cells(args)
+    return options
+
+
+def check_overhead_config(args: argparse.Namespace) -> None:
+    """ValueError unless ``--overhead-config`` (and ``--overhead-set``) make a trainer config:
+    a missing file or a bad setting fails before any benchmark runs."""
     if args.overhead_set and args.overhead_config is None:
-        print("--overhead-set needs --overhead-config", file=sys.stderr)
-        return 2
+        raise ValueError("--overhead-set needs --overhead-config")
     if args.overhead_config is not None:
         from gmts.train.config import load_config
 
-        try:  # a missing file or a bad setting fails before any benchmark runs
+        try:
             load_config(args.overhead_config, list(args.overhead_set))
         except (OSError, ValueError) as error:
-            print(f"--overhead-config {args.overhead_config}: {error}", file=sys.stderr)
-            return 2
-    if "logprobs" in names and (args.logprobs_grid or args.logprobs_shape) is not None:
-        from bench_logprobs import parse_grid, parse_shape
+            raise ValueError(f"--overhead-config {args.overhead_config}: {error}") from error
 
-        try:  # a bad grid or shape fails before any benchmark runs
-            if args.logprobs_grid is not None:
-                parse_grid(args.logprobs_grid)
-            if args.logprobs_shape is not None:
-                parse_shape(args.logprobs_shape)
-        except ValueError as error:
-            print(error, file=sys.stderr)
-            return 2
+
+def check_logprobs_cells(args: argparse.Namespace) -> None:
+    """ValueError on a bad ``--logprobs-grid`` or ``--logprobs-shape``."""
+    if (args.logprobs_grid or args.logprobs_shape) is None:
+        return
+    from bench_logprobs import parse_grid, parse_shape
+
+    if args.logprobs_grid is not None:
+        parse_grid(args.logprobs_grid)
+    if args.logprobs_shape is not None:
+        parse_shape(args.logprobs_shape)
+
+
+def run_benchmark(
+    name: str, options: BenchOptions, *, command: str, commit: str, quick: bool, threads: int
+) -> tuple[dict[str, Any], Path]:
+    """Run benchmark ``name`` and write its record (with where, when and how it ran; a
+    benchmark that raises is recorded with status "error"); returns (record, its path)."""
+    machine_before = machine_description()
+    started = utc_now()
+    start = time.perf_counter()
+    try:
+        module = importlib.import_module(BENCHMARKS[name])
+        record = module.run(options)
+        status = "ok"
+    except Exception as error:  # a failing benchmark must not hide the others
+        traceback.print_exc()
+        record = {"error": f"{type(error).__name__}: {error}", "rows": [], "goals": []}
+        status = "error"
+    record.update(
+        {
+            "benchmark": name,
+            "status": status,
+            "command": command.strip(),
+            "quick": quick,
+            "threads": threads,
+            "started": started,
+            "date": utc_now(),
+            "commit": commit,
+            "wall_s": round(time.perf_counter() - start, 2),
+            "machine": machine_before,
+            "uptime_after": machine_description()["uptime"],
+        }
+    )
+    return record, write_result(options.out_dir, name, record)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        names = parse_only(args.only)
+        options = options_from(args, names)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
     command = "python benchmarks/run.py " + " ".join(
         shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
     )
@@ -213,35 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for name in names:
         print(f"[bench] {name} ...", flush=True)
-        machine_before = machine_description()
-        started = utc_now()
-        start = time.perf_counter()
-        try:
-            module = importlib.import_module(BENCHMARKS[name])
-            record = module.run(options)
-            status = "ok"
-        except Exception as error:  # a failing benchmark must not hide the others
-            traceback.print_exc()
-            record = {"error": f"{type(error).__name__}: {error}", "rows": [], "goals": []}
-            status = "error"
-            failures += 1
-        record.update(
-            {
-                "benchmark": name,
-                "status": status,
-                "command": command.strip(),
-                "quick": args.quick,
-                "threads": args.threads,
-                "started": started,
-                "date": utc_now(),
-                "commit": commit,
-                "wall_s": round(time.perf_counter() - start, 2),
-                "machine": machine_before,
-                "uptime_after": machine_description()["uptime"],
-            }
+        record, path = run_benchmark(
+            name, options, command=command, commit=commit, quick=args.quick, threads=args.threads
         )
-        path = write_result(out_dir, name, record)
-        print(f"[bench] {name}: {status} in {record['wall_s']:.1f}s -> {path}", flush=True)
+        failures += record["status"] != "ok"
+        print(
+            f"[bench] {name}: {record['status']} in {record['wall_s']:.1f}s -> {path}", flush=True
+        )
         for item in record.get("goals", []):
             print(
                 f"    goal {item['name']}: {item['measured']} (target {item['target']}, "
@@ -250,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_report and not args.quick:
         from report import update_results_doc
 
-        update_results_doc(out_dir)
+        update_results_doc(options.out_dir)
     return 1 if failures else 0
 
 

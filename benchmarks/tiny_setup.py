@@ -1,6 +1,6 @@
 """The tiny-model training setup shared by the overhead, throughput and learning benchmarks.
 
-The recipe is the demo's (``gmts/cli/demo.yaml``, read through ``gmts.cli.demo.demo_recipe``);
+The recipe is the demo's (``gmts/demo/demo.yaml``, read through ``gmts.demo.settings.demo_recipe``);
 a benchmark changes only what it measures. The model is the embedded task's warm start
 (``gmts.embedded.warmstart.warm_start``: a 0.4M parameter GPT-2 trained on noisy demonstrations,
 cached on disk), so rewards are mixed and dynamic sampling does not spin; one warm start serves
@@ -15,8 +15,8 @@ from typing import Any
 
 
 def _recipe() -> Any:
-    """The demo's TrainConfig (gmts/cli/demo.yaml): the one source of the tiny-model recipe."""
-    from gmts.cli.demo import demo_recipe
+    """The demo's TrainConfig (gmts/demo/demo.yaml): the one source of the tiny-model recipe."""
+    from gmts.demo.settings import demo_recipe
 
     return demo_recipe()
 
@@ -78,7 +78,7 @@ def train_config(
     unless ``device`` says otherwise (bf16 parameters on a GPU, the paper's setting)."""
     from dataclasses import replace
 
-    from gmts.cli.demo import demo_recipe
+    from gmts.demo.settings import demo_recipe
 
     shape = shape or StepShape()
     overrides = {

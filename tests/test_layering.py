@@ -12,7 +12,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "gmts"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("_registry", "_cache", "_progress", "configuration"),  # generic utilities
+    ("_registry", "_cache", "_progress", "configuration", "provenance"),  # generic utilities
     ("core",),  # torch only: the method
     ("rewards",),
     ("data",),
@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train",),
     ("analysis",),
     ("integrations",),
+    ("demo",),
     ("cli",),
     ("__init__", "__main__"),  # the package's own entry points
 ]

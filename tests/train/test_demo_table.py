@@ -7,8 +7,11 @@ import math
 
 import pytest
 
-from gmts.cli.demo import DemoResult, DemoRow, compare, demo_recipe, format_table
-from gmts.cli.demo_stats import paired_difference, t_quantile_975
+from gmts.demo.comparisons import compare
+from gmts.demo.records import DemoResult, DemoRow
+from gmts.demo.settings import demo_recipe
+from gmts.demo.stats import paired_difference, t_quantile_975
+from gmts.demo.tables import format_table
 
 
 def test_t_quantile_matches_scipy() -> None:
@@ -129,7 +132,7 @@ def test_curves_png_draws_each_methods_mean_and_min_max_over_seeds(tmp_path) -> 
     seed logged; a one-seed result draws the same curve without a band."""
     import json
 
-    from gmts.cli.demo_plot import SMOOTH, method_curve, plot_demo
+    from gmts.demo.plot import SMOOTH, method_curve, plot_demo
 
     rows = []
     for seed, offset in ((0, 0.0), (1, 0.2), (2, 0.1)):

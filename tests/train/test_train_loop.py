@@ -374,7 +374,10 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
     import argparse
 
     from gmts.cli import demo
-    from gmts.cli.demo import DemoSettings, format_table, run_demo
+    from gmts.demo.comparisons import compare
+    from gmts.demo.pool import run_demo
+    from gmts.demo.settings import METHODS, DemoSettings
+    from gmts.demo.tables import format_table
 
     seeds_warmed = _fake_warm_start(tiny_dir, tmp_path, monkeypatch)
     tiny = TINY_DEMO
@@ -397,7 +400,7 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
             if row.method.startswith("ETS"):
                 assert row.selected_fraction >= 0.2
     for row in result.rows:
-        score = demo.METHODS[row.method.split()[0] if row.method != "all tokens" else row.method]
+        score = METHODS[row.method.split()[0] if row.method != "all tokens" else row.method]
         run_dir = tmp_path / "demo" / f"seed{row.seed}" / score
         assert row.run_dir == str(run_dir) and len(read_metrics(run_dir)) == 2
         assert read_metrics(run_dir)[0]["step"] == 1
@@ -406,7 +409,7 @@ def test_demo_plumbing_and_table(tiny_dir, tmp_path, monkeypatch, capsys):
         assert row.curve[0] == first_of_seed.curve[0]  # one evaluation of the warm start
         a0, a1, a2 = (a for _, a in row.average(2))
         assert row.area_mean(2) == pytest.approx((a0 + 2 * a1 + a2) / 4)
-    assert [(c.a, c.b, c.mean.n) for c in demo.compare(result)] == [
+    assert [(c.a, c.b, c.mean.n) for c in compare(result)] == [
         ("GMTS top 20%", "ETS top 20%", 2),
         ("GMTS top 20%", "all tokens", 2),
         ("ETS top 20%", "all tokens", 2),
@@ -454,8 +457,8 @@ def _start_and_its_trainers_evaluation(
     with every Trainer failing the test; ``Trainer(cfg).evaluate()`` of the last method's run
     from that start; the recipe's data settings)."""
     import gmts.train.trainer as trainer_module
-    from gmts.cli.demo import DemoSettings, demo_recipe
-    from gmts.cli.demo_pool import method_config, start_seed
+    from gmts.demo.jobs import method_config, start_seed
+    from gmts.demo.settings import DemoSettings, demo_recipe
 
     def no_trainer(*args, **kwargs):
         raise AssertionError("the demo built a Trainer to evaluate a start")
@@ -505,7 +508,9 @@ def test_demo_evaluates_the_real_warm_start_as_its_runs_trainer_would(tmp_path, 
 @pytest.mark.slow
 def test_demo_jobs_do_not_change_the_table(tiny_dir, tmp_path):
     """Two processes (spawned workers) give exactly the runs that one process gives."""
-    from gmts.cli.demo import DemoSettings, compare, run_demo
+    from gmts.demo.comparisons import compare
+    from gmts.demo.pool import run_demo
+    from gmts.demo.settings import DemoSettings
 
     tiny = (f"model.path={tiny_dir}", *TINY_DEMO)
     results = [
@@ -532,7 +537,7 @@ def test_demo_jobs_do_not_change_the_table(tiny_dir, tmp_path):
 
 def test_demo_recipe_is_the_one_config_file():
     """configs/demo.yaml is the packaged recipe itself (a link), not a second copy."""
-    from gmts.cli.demo import DEMO_CONFIG, demo_recipe
+    from gmts.demo.settings import DEMO_CONFIG, demo_recipe
 
     shipped = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
     assert shipped.resolve() == DEMO_CONFIG.resolve()
@@ -542,7 +547,7 @@ def test_demo_recipe_is_the_one_config_file():
 
 def test_benchmark_setup_builds_on_the_demo_recipe(tmp_path, monkeypatch):
     """benchmarks/tiny_setup.py changes only what a benchmark varies; the rest is demo.yaml."""
-    from gmts.cli.demo import demo_recipe
+    from gmts.demo.settings import demo_recipe
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "tiny_setup.py"
     spec = importlib.util.spec_from_file_location("tiny_setup", path)

@@ -106,6 +106,39 @@ def _token_texts(tokenizer: Any, response_ids: torch.Tensor, lengths: list[int])
     return texts
 
 
+def _checked_advantages(
+    rollout: Any, rewards: torch.Tensor, std_normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(``rewards`` as a float32 ``(B,)`` CPU tensor, their group advantages ``(B,)``, G),
+    after checking that there is one reward per row and that G divides the rows."""
+    B, T = rollout.response_mask.shape
+    rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1).cpu()
+    if rewards.numel() != B:
+        raise ValueError(f"rewards: expected {B} values (one per row), got {rewards.numel()}")
+    G = int(rollout.num_samples)
+    if G < 1 or B % G != 0:
+        raise ValueError(f"rollout.num_samples: {G} does not divide the {B} rows")
+    advantages = group_advantages(rewards, G, std_normalize=std_normalize).float()  # (B,)
+    return rewards, advantages, G
+
+
+def _token_scores(
+    objective: ObjectiveConfig, measured: Any, advantages: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(omega ``(B, T)``, name -> ``(B, T)`` score: every proxy score and "oracle", the true
+    ``|omega| * ||grad log pi||``) from the measured tokens; ``mask``: ``(B, T)`` bool."""
+    logprob = measured.logprob
+    # on-policy: old = current log-probs, so r = 1 and omega = A (no KL term)
+    omega = gradient_coefficient(objective, logprob, logprob, advantages, mask)  # (B, T)
+    inputs = ScoreInputs(
+        entropy=measured.entropy, omega=omega, logit_grad_norm=measured.logit_grad, mask=mask
+    )
+    scores = {name: compute_scores(name, inputs).masked_fill(~mask, 0.0) for name in PROXY_SCORES}
+    # exact: l_t depends on theta via log pi only
+    scores["oracle"] = omega.abs() * measured.grad_logprob  # (B, T)
+    return omega, scores
+
+
 def analyze_rollout(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -139,15 +172,7 @@ def analyze_rollout(
     Returns:
         A :class:`TokenAnalysis` on the CPU.
     """
-    B, T = rollout.response_mask.shape
-    rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1).cpu()
-    if rewards.numel() != B:
-        raise ValueError(f"rewards: expected {B} values (one per row), got {rewards.numel()}")
-    G = int(rollout.num_samples)
-    if G < 1 or B % G != 0:
-        raise ValueError(f"rollout.num_samples: {G} does not divide the {B} rows")
-    advantages = group_advantages(rewards, G, std_normalize=std_normalize).float()  # (B,)
-
+    rewards, advantages, G = _checked_advantages(rollout, rewards, std_normalize)
     params = trainable_parameters(model)
     measured = _measure_tokens(
         model,
@@ -159,17 +184,10 @@ def analyze_rollout(
         max_chunk_bytes=max_chunk_bytes,
         progress=progress,
     )
-    logprob, entropy, logit_grad = measured.logprob, measured.entropy, measured.logit_grad
-    grad_logprob = measured.grad_logprob
-
+    logprob = measured.logprob
     mask = rollout.response_mask.bool().cpu()
-    # on-policy: old = current log-probs, so r = 1 and omega = A (no KL term)
     objective = ObjectiveConfig(clip_low=clip_low, clip_high=clip_high)
-    omega = gradient_coefficient(objective, logprob, logprob, advantages, mask)  # (B, T)
-    inputs = ScoreInputs(entropy=entropy, omega=omega, logit_grad_norm=logit_grad, mask=mask)
-    scores = {name: compute_scores(name, inputs).masked_fill(~mask, 0.0) for name in PROXY_SCORES}
-    grad_objective = omega.abs() * grad_logprob  # exact: l_t depends on theta via log pi only
-    scores["oracle"] = grad_objective
+    omega, scores = _token_scores(objective, measured, advantages, mask)
     lengths = mask.sum(dim=1).tolist()
     return TokenAnalysis(
         response_ids=rollout.response_ids.cpu(),
@@ -180,11 +198,11 @@ def analyze_rollout(
         logprob=logprob,
         prob=logprob.exp().masked_fill(~mask, 0.0),
         eps=(-torch.expm1(logprob)).masked_fill(~mask, 0.0),
-        entropy=entropy,
-        logit_grad_norm=logit_grad,
+        entropy=measured.entropy,
+        logit_grad_norm=measured.logit_grad,
         omega=omega,
-        grad_logprob_norm=grad_logprob,
-        grad_objective_norm=grad_objective,
+        grad_logprob_norm=measured.grad_logprob,
+        grad_objective_norm=scores["oracle"],
         scores=scores,
         token_text=_token_texts(tokenizer, rollout.response_ids.cpu(), lengths),
         prompts=list(rollout.prompts),

@@ -1,13 +1,13 @@
 """``gmts demo [section.field=value ...]``: all tokens vs ETS vs GMTS under one recipe, from one
 warm start, over several RL seeds.
 
-The recipe is ``demo.yaml`` next to this file (the one copy; ``configs/demo.yaml`` links to it).
+The recipe is ``gmts/demo/demo.yaml`` (the one copy; ``configs/demo.yaml`` links to it).
 The three policies differ only in ``selection.score``: within a seed they start from the same
 cached warm start (gmts.embedded.warmstart), see the same questions in the same order and get
 the same budget (steps x questions x samples). Each method is trained once per seed (``--seeds
 N``: the recipe's ``seed`` and the N - 1 after it), each seed with its own warm start, so the
 methods are compared seed by seed (paired) and the table says whether a difference is larger
-than the spread between seeds (gmts.cli.demo_stats). One seed's ordering is not a measurement:
+than the spread between seeds (gmts.demo.stats). One seed's ordering is not a measurement:
 the warm start, and so every curve, moves with the seed and with the CPU's floating-point path
 (docs/training.md); a warm start per seed puts that variation into the spread. Held-out
 average@k is measured before training,
@@ -15,56 +15,23 @@ every ``data.eval_every`` steps and at the end, on the task's reserved questions
 prints that learning curve and its mean over training (area under the curve / steps), and the
 curves are drawn to ``<output_dir>/curves.png``.
 
-This module is the command (its arguments and what it prints); the demo's parts live beside it:
-:mod:`~gmts.cli.demo_runs` (settings and records), :mod:`~gmts.cli.demo_pool` (running the
-seeds' starts and runs, here or in spawned processes), :mod:`~gmts.cli.demo_tables` and
-:mod:`~gmts.cli.demo_stats` (the printed table), :mod:`~gmts.cli.demo_plot` (curves.png),
-:mod:`~gmts.cli.demo_json` (``--json``) and :mod:`~gmts.cli.provenance` (where it ran).
+This module is the command: its arguments, and a call of :func:`gmts.demo.pool.run_demo`
+whose table it prints (and records with ``--json``). The demo itself is the package
+:mod:`gmts.demo`.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
-from gmts.cli.demo_json import demo_record
-from gmts.cli.demo_plot import PLOT_METRICS
-from gmts.cli.demo_pool import run_demo
-from gmts.cli.demo_runs import (
-    DEFAULT_SEEDS,
-    DEMO_CONFIG,
-    METHODS,
-    Comparison,
-    DemoResult,
-    DemoRow,
-    DemoSettings,
-    compare,
-    demo_recipe,
-    method_label,
-)
-from gmts.cli.demo_tables import describe_difference, format_table
-from gmts.cli.provenance import git_commit, machine_record
-
-__all__ = [
-    "DEFAULT_SEEDS",
-    "DEMO_CONFIG",
-    "METHODS",
-    "PLOT_METRICS",
-    "Comparison",
-    "DemoResult",
-    "DemoRow",
-    "DemoSettings",
-    "add_arguments",
-    "compare",
-    "demo_recipe",
-    "demo_record",
-    "describe_difference",
-    "format_table",
-    "method_label",
-    "run",
-    "run_demo",
-]
+from gmts.demo.json_record import write_demo_record
+from gmts.demo.pool import run_demo
+from gmts.demo.settings import METHODS, DemoSettings
+from gmts.demo.tables import format_table
+from gmts.provenance import git_commit, machine_record
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,10 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    import json
-    import shlex
-
+def settings_from(args: argparse.Namespace) -> DemoSettings:
+    """The demo's settings from its command line (the shortcuts ``--steps``, ``--seed``,
+    ``--task``, ``--threads`` become overrides after the given ones)."""
     shortcuts = {
         "optim.steps": args.steps,
         "seed": args.seed,
@@ -132,15 +98,25 @@ def run(args: argparse.Namespace) -> int:
         "threads": args.threads,
     }
     overrides = [*args.overrides, *(f"{k}={v}" for k, v in shortcuts.items() if v is not None)]
+    return DemoSettings(
+        overrides=tuple(overrides),
+        output_dir=args.output_dir,
+        cache_dir=args.cache_dir,
+        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        seeds=args.seeds,
+        jobs=args.jobs,
+    )
+
+
+def _command_line() -> str:
+    """``gmts demo`` and the arguments it was given, as the record writes it."""
+    argv = sys.argv[sys.argv.index("demo") + 1 :] if "demo" in sys.argv else sys.argv[1:]
+    return ("gmts demo " + " ".join(shlex.quote(a) for a in argv)).strip()
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        settings = DemoSettings(
-            overrides=tuple(overrides),
-            output_dir=args.output_dir,
-            cache_dir=args.cache_dir,
-            methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-            seeds=args.seeds,
-            jobs=args.jobs,
-        )
+        settings = settings_from(args)
         machine = machine_record()  # before the runs: the load they started under
         commit = git_commit(Path(__file__).parent)  # the code that runs (it may move on)
         result = run_demo(settings, progress=not args.no_progress)
@@ -150,13 +126,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_table(result))
     if args.json:
-        argv = sys.argv[sys.argv.index("demo") + 1 :] if "demo" in sys.argv else sys.argv[1:]
-        record = demo_record(
-            result,
-            command=("gmts demo " + " ".join(shlex.quote(a) for a in argv)).strip(),
-            machine=machine,
-            commit=commit,
+        write_demo_record(
+            args.json, result, command=_command_line(), machine=machine, commit=commit
         )
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     return 0

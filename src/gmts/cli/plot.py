@@ -3,7 +3,7 @@
 Curves come from ``metrics.jsonl`` and ``eval.jsonl``: one panel per metric, one line per run. A
 metric logged by the held-out evaluation (``average@16``, ``pass@16``) is read from
 ``eval.jsonl`` and drawn with markers, unsmoothed; training metrics come from ``metrics.jsonl``.
-:func:`plot_runs` also draws the demo's ``curves.png``.
+(The demo's ``curves.png``, its seeds' means and spreads, is :mod:`gmts.demo.plot`.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ import math
 import sys
 from pathlib import Path
 
-from gmts.train.metrics_log import EVAL_FILE, METRICS_FILE, read_metrics
+from gmts.train.metrics_log import (
+    EVAL_FILE,
+    METRICS_FILE,
+    metric_points,
+    moving_average,
+    read_metrics,
+)
 
 DEFAULT_METRICS = (
     "reward/mean",
@@ -50,25 +56,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {out}")
     return 0
-
-
-def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing moving average over ``window`` values (shorter at the start)."""
-    if window <= 1:
-        return values
-    out, acc, buf = [], 0.0, []
-    for v in values:
-        buf.append(v)
-        acc += v
-        if len(buf) > window:
-            acc -= buf.pop(0)
-        out.append(acc / len(buf))
-    return out
-
-
-def metric_points(rows: list[dict], name: str) -> list[tuple[int, float]]:
-    """(step, value) of every row that logged ``name`` as a number."""
-    return [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
 
 
 def plot_runs(

@@ -399,6 +399,40 @@ class LossConfig:
 # the loss
 
 
+def _checked_loss_inputs(
+    logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    config: LossConfig,
+    selected: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    denominators: LossDenominators | None,
+    group_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`policy_loss`'s arguments checked (ValueError naming the bad one); returns
+    ``(mask, selected)`` as ``(B, T)`` bool tensors (``selected`` None when not given)."""
+    if not isinstance(config, LossConfig):
+        raise ValueError(f"config must be a LossConfig, got {type(config).__name__}")
+    if denominators is not None and not isinstance(denominators, LossDenominators):
+        raise ValueError(
+            f"denominators must be LossDenominators, got {type(denominators).__name__}"
+        )
+    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
+        raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
+    mask = as_mask(mask, logprobs, "mask")
+    if selected is not None:
+        selected = as_mask(selected, logprobs, "selected")
+    if entropy is not None and (
+        not isinstance(entropy, torch.Tensor) or entropy.shape != logprobs.shape
+    ):
+        raise ValueError(f"entropy must be a torch.Tensor of shape {tuple(logprobs.shape)}")
+    if config.objective.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("ref_logprobs (B, T) are required when kl_coef > 0")
+    if config.normalize == "per-group" and group_ids is None:
+        raise ValueError("normalize='per-group' needs group_ids (B,)")
+    return mask, selected
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -440,28 +474,10 @@ def policy_loss(
         ``ref_logprobs``) sums for metrics.
     """
     config = LossConfig() if config is None else config
-    if not isinstance(config, LossConfig):
-        raise ValueError(f"config must be a LossConfig, got {type(config).__name__}")
-    if denominators is not None and not isinstance(denominators, LossDenominators):
-        raise ValueError(
-            f"denominators must be LossDenominators, got {type(denominators).__name__}"
-        )
-    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
-        raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
-    mask = as_mask(mask, logprobs, "mask")
-    if selected is not None:
-        selected = as_mask(selected, logprobs, "selected")
-    if entropy is not None and (
-        not isinstance(entropy, torch.Tensor) or entropy.shape != logprobs.shape
-    ):
-        raise ValueError(f"entropy must be a torch.Tensor of shape {tuple(logprobs.shape)}")
+    mask, selected = _checked_loss_inputs(
+        logprobs, mask, config, selected, ref_logprobs, entropy, denominators, group_ids
+    )
     objective = config.objective
-    if objective.kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("ref_logprobs (B, T) are required when kl_coef > 0")
-    per_group = config.normalize == "per-group"
-    if per_group and group_ids is None:
-        raise ValueError("normalize='per-group' needs group_ids (B,)")
-
     # Padding never reaches the objective (r = 1, D = 0 there), so garbage log-probs at
     # masked positions (inf, nan, huge ratios) cannot leak nan into the gradients.
     inputs = ObjectiveInputs.of(
@@ -484,16 +500,39 @@ def policy_loss(
     )
     if denominators is None:
         denominators = config.denominators(sums, mask=mask, group_ids=group_ids)
-    aggregation = config.aggregation(selected is not None)
+    loss = _aggregated_loss(
+        config, parts, carriers, mask, denominators, group_ids, selected is not None, logprobs.dtype
+    )
+    return loss, sums
+
+
+def _aggregated_loss(
+    config: LossConfig,
+    parts: TokenObjective,
+    carriers: torch.Tensor,
+    mask: torch.Tensor,
+    denominators: LossDenominators,
+    group_ids: torch.Tensor | None,
+    selective: bool,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The scalar loss of :func:`policy_loss` from its per-token terms ``parts`` (``(B, T)``
+    surrogate and KL): the policy term over the ``carriers`` P (``(B, T)`` bool: selected and
+    valid), the KL term over P or every valid token (``config.kl_tokens``), each aggregated as
+    ``config`` says (``selective``: a selection was given) and divided by its denominator;
+    ``normalize='per-group'`` scales each row by its group's divisor (in ``dtype``, the
+    log-probs') first."""
+    objective = config.objective
+    aggregation = config.aggregation(selective)
     surrogate, kl = parts.surrogate, parts.kl
-    if per_group:
+    if config.normalize == "per-group":
         if denominators.group_ids is None:
             raise ValueError("normalize='per-group' needs per-group denominators")
-        row_scale = denominators.row_scale(group_ids.long())[:, None].to(logprobs.dtype)
+        row_scale = denominators.row_scale(group_ids.long())[:, None].to(dtype)
         surrogate, kl = surrogate * row_scale, kl * row_scale
     loss = aggregation.total(-surrogate, carriers, mask) / denominators.policy
     if objective.kl_coef > 0:
         kl_carriers = carriers if config.kl_tokens == "selected" else mask
         kl_term = aggregation.total(kl, kl_carriers, mask) / denominators.kl
         loss = loss + objective.kl_coef * kl_term
-    return loss, sums
+    return loss

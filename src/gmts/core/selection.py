@@ -235,6 +235,44 @@ def _units(
     return torch.searchsorted(uniq, ids), int(uniq.numel())
 
 
+def _checked_selection(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    largest: bool,
+    scope: str,
+    group_ids: torch.Tensor | None,
+    process_group: Any,
+    count: str,
+    ties: str,
+) -> tuple[bool, int, bool, Any]:
+    """:func:`select_tokens`'s arguments checked, on every rank of ``process_group`` alike
+    (ValueError on all of them if one rank's are bad). Returns (whether one local batch is
+    selected without communication, the most rows on any rank, whether any rank's scores are
+    float64, the process group to select over: None where no communication is needed)."""
+    check_choice("scope", scope, SCOPES)
+    check_choice("count", count, COUNT_RULES)
+    check_choice("ties", ties, TIE_RULES)
+    if not isinstance(largest, bool):
+        raise ValueError(f"largest must be a bool, got {largest!r}")
+    if count in THRESHOLD_RULES and scope != "batch":
+        raise ValueError(f"count={count!r} selects over the whole batch: use scope='batch'")
+    distributed = dist_utils.is_distributed(process_group)
+    single_batch = scope == "batch" and not distributed and count not in THRESHOLD_RULES
+    error = _local_error(scores, mask, scope, group_ids, check_finite=not single_batch)
+    device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
+    rows = scores.shape[0] if error is None else 0
+    wide = error is None and scores.dtype == torch.float64
+    if distributed:
+        max_rows, wide = _sync_errors(error, rows, wide, device, process_group)
+    elif error is not None:
+        raise ValueError(error)
+    else:
+        max_rows = rows
+    if scope == "sequence":
+        distributed, process_group = False, None  # rows never span ranks
+    return single_batch, max_rows, wide, process_group if distributed else None
+
+
 def select_tokens(
     scores: torch.Tensor,
     mask: torch.Tensor,
@@ -285,32 +323,11 @@ def select_tokens(
             valid scores, missing/invalid group_ids (raised on every rank of a group).
     """
     frac = _ratio_fraction(ratio)
-    check_choice("scope", scope, SCOPES)
-    check_choice("count", count, COUNT_RULES)
-    check_choice("ties", ties, TIE_RULES)
-    if not isinstance(largest, bool):
-        raise ValueError(f"largest must be a bool, got {largest!r}")
-    if count in THRESHOLD_RULES and scope != "batch":
-        raise ValueError(f"count={count!r} selects over the whole batch: use scope='batch'")
-    distributed = dist_utils.is_distributed(process_group)
-    threshold_rule = count in THRESHOLD_RULES
-    single_batch = scope == "batch" and not distributed and not threshold_rule
-    error = _local_error(scores, mask, scope, group_ids, check_finite=not single_batch)
-    device = scores.device if isinstance(scores, torch.Tensor) else torch.device("cpu")
-    rows = scores.shape[0] if error is None else 0
-    wide = error is None and scores.dtype == torch.float64
-    if distributed:
-        max_rows, wide = _sync_errors(error, rows, wide, device, process_group)
-    elif error is not None:
-        raise ValueError(error)
-    else:
-        max_rows = rows
-    if scope == "sequence":
-        distributed, process_group = False, None  # rows never span ranks
-    group = process_group if distributed else None
-
+    single_batch, max_rows, wide, group = _checked_selection(
+        scores, mask, largest, scope, group_ids, process_group, count, ties
+    )
     with torch.no_grad():
-        if threshold_rule:
+        if count in THRESHOLD_RULES:
             return _select_beyond_threshold(scores.detach(), mask, ratio, count, largest, group)
         reverse = ties == "last"
         if reverse:  # the latest tie first: select on the reversed global order, then undo

@@ -467,27 +467,11 @@ def run_sandboxed(
     environment = _environment()
     uid, python = environment.run_as()
     file_bytes = max_file_mb * 1024**2
-    processes = max_processes
-    if chosen == "subprocess":
-        # RLIMIT_NPROC counts every process of the real uid, not just the sandbox's
-        existing = _count_processes_of(uid if uid is not None else os.getuid())
-        processes = -1 if existing is None else processes + existing  # -1: leave it unset
-    runner_args = [
-        str(math.ceil(timeout) + 1),
-        str(memory_mb * 1024**2),
-        str(file_bytes),
-        str(processes),
-        "256",
-    ]
+    runner_args = _runner_limits(chosen, uid, timeout, memory_mb, file_bytes, max_processes)
     nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="gmts-sandbox-") as private:
         private_dir = Path(private)
-        (private_dir / "stdin").write_bytes(nonce.encode() + b"\n" + program.encode("utf-8"))
-        workdir = private_dir / "work"
-        workdir.mkdir()
-        if uid is not None:
-            os.chmod(private_dir, 0o711)  # the sandbox uid may enter work/, nothing else
-            os.chown(workdir, uid, uid)
+        workdir = _private_files(private_dir, nonce, program, uid)
         command, cwd, env = _command(chosen, environment, python, runner_args, workdir, file_bytes)
         start = time.monotonic()
         with (
@@ -525,6 +509,38 @@ def run_sandboxed(
         backend=chosen,
         duration_s=duration,
     )
+
+
+def _runner_limits(
+    chosen: str, uid: int | None, timeout: float, memory_mb: int, file_bytes: int, processes: int
+) -> list[str]:
+    """The runner's resource limits, as its arguments: CPU seconds, address space, file size,
+    processes, open files. Under "subprocess" RLIMIT_NPROC counts every process of the real
+    uid, so the ones it already has are added (-1, left unset, where they cannot be counted)."""
+    if chosen == "subprocess":
+        # RLIMIT_NPROC counts every process of the real uid, not just the sandbox's
+        existing = _count_processes_of(uid if uid is not None else os.getuid())
+        processes = -1 if existing is None else processes + existing  # -1: leave it unset
+    return [
+        str(math.ceil(timeout) + 1),
+        str(memory_mb * 1024**2),
+        str(file_bytes),
+        str(processes),
+        "256",
+    ]
+
+
+def _private_files(private_dir: Path, nonce: str, program: str, uid: int | None) -> Path:
+    """Write the runner's stdin (``nonce``, then ``program``) into ``private_dir`` and make the
+    program's working folder ``work/`` (owned by the sandbox uid, which may enter nothing
+    else); returns that folder."""
+    (private_dir / "stdin").write_bytes(nonce.encode() + b"\n" + program.encode("utf-8"))
+    workdir = private_dir / "work"
+    workdir.mkdir()
+    if uid is not None:
+        os.chmod(private_dir, 0o711)  # the sandbox uid may enter work/, nothing else
+        os.chown(workdir, uid, uid)
+    return workdir
 
 
 def _check_limits(

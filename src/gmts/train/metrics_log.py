@@ -50,6 +50,26 @@ def read_metrics(run_dir: str | Path, name: str = METRICS_FILE) -> list[dict[str
     return rows
 
 
+def metric_points(rows: list[dict[str, Any]], name: str) -> list[tuple[int, float]]:
+    """(step, value) of every row (of :func:`read_metrics`) that logged ``name`` as a number."""
+    return [(r["step"], r[name]) for r in rows if isinstance(r.get(name), int | float)]
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` values (shorter at the start), for curves of a
+    logged metric."""
+    if window <= 1:
+        return values
+    out, acc, buf = [], 0.0, []
+    for v in values:
+        buf.append(v)
+        acc += v
+        if len(buf) > window:
+            acc -= buf.pop(0)
+        out.append(acc / len(buf))
+    return out
+
+
 def truncate_metrics(run_dir: str | Path, last_step: int, name: str = METRICS_FILE) -> None:
     """Keep only rows with ``step <= last_step`` (used on resume: a killed run may have logged
     steps after its last checkpoint, and those steps are about to be re-run)."""

@@ -3,8 +3,9 @@ paired differences in words; then each seed's warm start, the time and the plot.
 
 from __future__ import annotations
 
-from gmts.cli.demo_runs import DemoResult, compare
-from gmts.cli.demo_stats import PairedDifference, mean_std
+from gmts.demo.comparisons import compare
+from gmts.demo.records import DemoResult
+from gmts.demo.stats import PairedDifference, mean_std
 
 
 def format_table(result: DemoResult) -> str:

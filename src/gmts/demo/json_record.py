@@ -5,11 +5,14 @@ into the docs)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
-from gmts.cli.demo_runs import DemoResult, compare
-from gmts.cli.demo_tables import format_table
-from gmts.cli.provenance import load, utc_now
+from gmts.demo.comparisons import compare
+from gmts.demo.records import DemoResult
+from gmts.demo.tables import format_table
+from gmts.provenance import load, utc_now
 
 
 def demo_record(
@@ -17,7 +20,7 @@ def demo_record(
 ) -> dict[str, Any]:
     """The demo's JSON: the printed table, the paired comparisons, every run and where it ran
     (``benchmarks/report.py`` renders ``benchmarks/results/demo.json`` into the docs).
-    ``commit``: the checkout's commit when the runs started (:func:`gmts.cli.provenance.git_commit`)."""
+    ``commit``: the checkout's commit when the runs started (:func:`gmts.provenance.git_commit`)."""
     return {
         "benchmark": "demo",
         "status": "ok",
@@ -32,3 +35,19 @@ def demo_record(
         "comparisons": [dataclasses.asdict(c) for c in compare(result)],
         "result": dataclasses.asdict(result),
     }
+
+
+def write_demo_record(
+    path: str | Path,
+    result: DemoResult,
+    *,
+    command: str,
+    machine: dict[str, Any],
+    commit: str | None,
+) -> Path:
+    """Write :func:`demo_record` to ``path`` (indented JSON, its folder made); returns the path."""
+    record = demo_record(result, command=command, machine=machine, commit=commit)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gmts.cli.demo_runs import DemoResult, DemoRow
-from gmts.cli.plot import metric_points, moving_average
-from gmts.train.metrics_log import EVAL_FILE, read_metrics
+from gmts.demo.records import DemoResult, DemoRow
+from gmts.train.metrics_log import EVAL_FILE, metric_points, moving_average, read_metrics
 
 __all__ = ["PLOT_METRICS", "SMOOTH", "MethodCurve", "method_curve", "plot_demo"]
 
