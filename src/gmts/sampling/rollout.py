@@ -13,8 +13,9 @@ at the temperature, with none of a model's generation_config defaults. The loop 
 object under the name the model's ``forward`` declares (``cache`` in current transformers,
 ``past_key_values`` up to about 5.2x, where ``past_key_values`` now raises a FutureWarning) and
 never reads the deprecated output field: the cache is updated in place. Rows that have stopped
-leave the batch (:data:`DROP_ROWS_AT`), with the tokens of the loop that keeps them: each step
-still draws the random numbers of the whole chunk (:mod:`gmts.sampling.draws`).
+leave the batch (:data:`DROP_ROWS_AT`); each step still draws the random numbers of the whole
+chunk (:mod:`gmts.sampling.draws`), so the tokens are those of the loop that keeps them, up to
+the rounding of kernels that depend on the batch's size (see :func:`_sample_cache_loop`).
 """
 
 from __future__ import annotations
@@ -424,11 +425,15 @@ def _sample_cache_loop(
 
     Rows that have stopped leave the batch by the rule of :data:`DROP_ROWS_AT` (rows of the
     cache, mask and positions selected; a cache with a layer kind that cannot drop rows, see
-    :func:`gmts.sampling.kv_cache.can_drop_rows`, keeps every row as before). Each row's
-    logits are those it had in the full batch (a row attends only to itself), and every step
-    draws the random numbers of all ``b`` rows (:mod:`gmts.sampling.draws`), so the tokens are
-    those of the loop that keeps every row, wherever the model's forward computes a row the
-    same whatever the other rows of its batch (bitwise: checked by the tests on CPU).
+    :func:`gmts.sampling.kv_cache.can_drop_rows`, keeps every row as before). Every step
+    draws the random numbers of all ``b`` rows (:mod:`gmts.sampling.draws`) and a row attends
+    only to itself, so a row gets the tokens of the loop that keeps every row wherever the
+    kernels compute its row the same in a smaller batch. They need not: a matrix product's
+    kernel may depend on the number of rows (measured on this project's CPU: MKL at 1 thread
+    for a 1-row product, at 2 threads below 14 rows, attention at 2 threads; SmolLM2's logits
+    then moved by up to 4e-5), and a token differs where its draw falls within that rounding
+    (the same distribution; the same kind of difference ``batch_size`` or the thread count
+    already made). The tests check equal tokens on the tiny models (1 thread; 2 by hand).
     """
     from gmts.sampling.kv_cache import can_drop_rows, presized_cache
 
