@@ -38,7 +38,7 @@ def test_each_draw_samples_the_given_probabilities(name):
     gen = torch.Generator().manual_seed(0)
     counts = torch.zeros_like(probs)
     for _ in range(n):
-        tokens = DRAWS.get(name)(probs, gen)
+        tokens = DRAWS.get(name)(probs, gen, torch.arange(4), 4)
         assert tokens.shape == (4,) and tokens.dtype == torch.long
         counts[torch.arange(4), tokens] += 1
     freq = counts / n
@@ -53,7 +53,7 @@ def test_inverse_cdf_picks_the_token_whose_interval_holds_the_uniform():
     gen = torch.Generator().manual_seed(5)
     probs = torch.softmax(torch.randn(6, 300, generator=gen) * 4, dim=-1)
     state = gen.get_state()
-    got = DRAWS.get("inverse_cdf")(probs, gen)
+    got = DRAWS.get("inverse_cdf")(probs, gen, torch.arange(6), 6)
     gen.set_state(state)
     u = torch.rand((6, 1), dtype=torch.float64, generator=gen)
     for row in range(6):
@@ -66,6 +66,56 @@ def test_inverse_cdf_picks_the_token_whose_interval_holds_the_uniform():
                 want = k
                 break
         assert got[row].item() == want
+
+
+def test_multinomial_draw_is_torch_multinomial():
+    """Over random shapes (SmolLM2's vocabulary among them), probabilities with zeros and
+    several steps: the multinomial draw gives ``torch.multinomial``'s tokens and leaves the
+    generator where ``torch.multinomial`` leaves it."""
+    rng = torch.Generator().manual_seed(0)
+    for case in range(40):
+        rows = int(torch.randint(1, 33, (1,), generator=rng))
+        vocab = 49_152 if case % 8 == 0 else int(torch.randint(1, 2_000, (1,), generator=rng))
+        logits = torch.randn(rows, vocab, generator=rng) * float(torch.rand(1, generator=rng) * 8)
+        probs = torch.softmax(logits, dim=-1)
+        if case % 3 == 0:
+            probs[:, ::3] = 0.0
+            probs[:, -1] += 1e-3  # no row left all zeros
+            probs /= probs.sum(dim=-1, keepdim=True)
+        ours = torch.Generator().manual_seed(case)
+        torch_gen = torch.Generator().manual_seed(case)
+        for _ in range(3):
+            want = torch.multinomial(probs, 1, generator=torch_gen).squeeze(1)
+            got = DRAWS.get("multinomial")(probs, ours, torch.arange(rows), rows)
+            assert torch.equal(got, want), (case, rows, vocab)
+        assert torch.equal(ours.get_state(), torch_gen.get_state())
+
+
+@pytest.mark.parametrize("name", DRAWS.names())
+def test_a_draw_for_some_rows_is_their_part_of_the_full_draw(name):
+    """Rows 1, 4 and 5 of a batch of 7: the tokens those rows get when the whole batch draws,
+    and the generator consumed as by the whole batch (whatever the other rows hold)."""
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn(7, 500, generator=gen) * 3, dim=-1)
+    rows = torch.tensor([1, 4, 5])
+    full_gen, part_gen = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    draw = DRAWS.get(name)
+    for _ in range(4):
+        full = draw(probs, full_gen, torch.arange(7), 7)
+        part = draw(probs[rows], part_gen, rows, 7)
+        assert torch.equal(part, full[rows])
+    assert torch.equal(full_gen.get_state(), part_gen.get_state())
+
+
+def test_multinomial_draw_refuses_what_torch_multinomial_refuses():
+    gen = torch.Generator().manual_seed(0)
+    draw = DRAWS.get("multinomial")
+    for bad in (float("nan"), float("inf"), -0.1):
+        probs = torch.tensor([[0.5, 0.5], [bad, 0.5]])
+        with pytest.raises(RuntimeError, match="inf`, `nan` or element < 0"):
+            draw(probs, gen, torch.arange(2), 2)
+    with pytest.raises(RuntimeError, match="sum of probabilities <= 0"):
+        draw(torch.tensor([[0.0, 0.0]]), gen, torch.arange(1), 1)
 
 
 def test_draw_reaches_the_sampler_and_is_seeded(tmp_path):

@@ -8,6 +8,11 @@ new position in place, and hands attention the view of the filled positions: the
 the same shapes as the concatenated tensors (the tests check that the sampled tokens are
 identical), without the copies.
 
+Rows leave the cache with :meth:`PresizedLayer.batch_select_indices` (``DynamicCache``'s
+``batch_select_indices`` calls it on every layer): the sampler drops the rows that have stopped
+(:func:`gmts.sampling.rollout._sample_cache_loop`), so later steps compute only the rows still
+generating. :func:`can_drop_rows` says whether every layer of a cache can.
+
 Imported on use (it imports ``transformers``).
 """
 
@@ -19,7 +24,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["PresizedLayer", "presized_cache"]
+__all__ = ["PresizedLayer", "can_drop_rows", "presized_cache"]
 
 
 class PresizedLayer(DynamicLayer):
@@ -74,10 +79,37 @@ class PresizedLayer(DynamicLayer):
         self._key_buffer = self._value_buffer = None
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("a pre-sized KV cache keeps its batch")
+        raise NotImplementedError("a pre-sized KV cache does not grow its batch")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("a pre-sized KV cache keeps its batch")
+        """Keep only the rows ``indices`` ((a,) long, rows of the current batch, in the new
+        order): new buffers of ``a`` rows and the same capacity, the filled positions copied
+        (one copy of the kept rows' keys and values; the old buffers are freed)."""
+        if self._key_buffer is None:
+            return  # nothing written yet: the first update allocates with its own batch
+        assert self._value_buffer is not None
+        self._key_buffer = _kept_rows(self._key_buffer, indices, self.length)
+        self._value_buffer = _kept_rows(self._value_buffer, indices, self.length)
+        self.keys = self._key_buffer[:, :, : self.length]  # (a, heads, length, key_dim)
+        self.values = self._value_buffer[:, :, : self.length]  # (a, heads, length, value_dim)
+
+
+def _kept_rows(buffer: torch.Tensor, indices: torch.Tensor, length: int) -> torch.Tensor:
+    """(b, heads, capacity, dim) -> (a, heads, capacity, dim): rows ``indices``, the first
+    ``length`` positions copied, the rest left unwritten."""
+    kept = buffer.new_empty((indices.shape[0], *buffer.shape[1:]))
+    torch.index_select(buffer[:, :, :length], 0, indices, out=kept[:, :, :length])
+    return kept
+
+
+def can_drop_rows(cache: Any) -> bool:
+    """Whether ``cache.batch_select_indices`` can drop rows of every layer of ``cache``: true
+    for ``DynamicCache`` layers of the plain kinds (full attention, :class:`PresizedLayer`,
+    sliding window), false for kinds that do not define it (e.g. linear-attention states)."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not callable(getattr(cache, "batch_select_indices", None)):
+        return False
+    return all(callable(getattr(layer, "batch_select_indices", None)) for layer in layers)
 
 
 def presized_cache(config: Any, capacity: int) -> DynamicCache:

@@ -71,7 +71,8 @@ def prepacked_linears(model: torch.nn.Module, rows: int) -> Iterator[int]:
     or device cannot: see :func:`can_prepack`).
 
     ``rows``: the number of rows a decoding step multiplies (the batch), oneDNN's hint for the
-    layout; any other number of rows is still computed correctly.
+    layout; any other number of rows is still computed correctly (the sampler passes its chunk's
+    rows, the most a step multiplies: rows that have stopped leave its batch).
     """
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")

@@ -12,7 +12,10 @@ cache per step, the same values as ``transformers.DynamicCache``). It samples th
 at the temperature, with none of a model's generation_config defaults. The loop passes the cache
 object under the name the model's ``forward`` declares (``cache`` in current transformers,
 ``past_key_values`` up to about 5.2x, where ``past_key_values`` now raises a FutureWarning) and
-never reads the deprecated output field: the cache is updated in place.
+never reads the deprecated output field: the cache is updated in place. Rows that have stopped
+leave the batch (:data:`DROP_ROWS_AT`); each step still draws the random numbers of the whole
+chunk (:mod:`gmts.sampling.draws`), so the tokens are those of the loop that keeps them, up to
+the rounding of kernels that depend on the batch's size (see :func:`_sample_cache_loop`).
 """
 
 from __future__ import annotations
@@ -232,20 +235,26 @@ def _left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
 
 
 def _next_token(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator, draw: Draw
+    logits: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator,
+    draw: Draw,
+    rows: torch.Tensor,
+    batch: int,
 ) -> torch.Tensor:
-    """(b, V) logits -> (b,) tokens; temperature 0 means greedy.
+    """(a, V) logits of the rows ``rows`` ((a,) long) of a batch of ``batch`` -> (a,) tokens;
+    temperature 0 means greedy. The draw consumes the random numbers of the whole batch.
 
     ``logits`` is consumed: a float32 input is divided by the temperature in place (the values
     ``logits / temperature`` would give; no pass at all at temperature 1, where dividing is
-    exact), one (b, V) copy less per step."""
+    exact), one (a, V) copy less per step."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    scaled = logits.float()  # (b, V): the input itself when it is float32
+    scaled = logits.float()  # (a, V): the input itself when it is float32
     if temperature != 1.0:
         scaled.div_(temperature)
-    probs = torch.softmax(scaled, dim=-1)  # (b, V)
-    return draw(probs, generator)
+    probs = torch.softmax(scaled, dim=-1)  # (a, V)
+    return draw(probs, generator, rows, batch)
 
 
 def resolve_stop_ids(
@@ -384,6 +393,16 @@ def _forward_parameters(model: torch.nn.Module) -> Mapping[str, inspect.Paramete
         return {}
 
 
+DROP_ROWS_AT = 0.75
+"""The sampler drops the rows that have stopped from its batch (the KV cache, attention mask
+and positions) before a decoding step where the rows still generating are at most this
+fraction of the rows in the batch. Dropping copies the kept rows' cache once (about what one
+step's attention reads); from then on every step skips the dropped rows' whole forward (at
+least a quarter of the batch). The rule drops at most about log(b) / log(4/3) times per chunk
+(11 times for 24 rows), so the copies stay a small part of a rollout; dropping at every finished
+row would copy the cache once per answer."""
+
+
 def _sample_cache_loop(
     model,
     prompt_ids,
@@ -398,18 +417,31 @@ def _sample_cache_loop(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,).
 
-    The prompt fills a fresh cache in one forward; each later forward feeds the last token and
-    writes its keys/values into the same cache object. The cache and the attention mask are
-    sized for the prompt plus ``max_new_tokens`` up front (:mod:`gmts.sampling.kv_cache`), so
-    a step copies neither; the model sees the views of the filled positions.
+    The prompt fills a fresh cache in one forward; each later forward feeds the last token of
+    the rows in the batch and writes their keys/values into the same cache object. The cache
+    and the attention mask are sized for the prompt plus ``max_new_tokens`` up front
+    (:mod:`gmts.sampling.kv_cache`), so a step copies neither; the model sees the views of the
+    filled positions.
+
+    Rows that have stopped leave the batch by the rule of :data:`DROP_ROWS_AT` (rows of the
+    cache, mask and positions selected; a cache with a layer kind that cannot drop rows, see
+    :func:`gmts.sampling.kv_cache.can_drop_rows`, keeps every row as before). Every step
+    draws the random numbers of all ``b`` rows (:mod:`gmts.sampling.draws`) and a row attends
+    only to itself, so a row gets the tokens of the loop that keeps every row wherever the
+    kernels compute its row the same in a smaller batch. They need not: a matrix product's
+    kernel may depend on the number of rows (measured on this project's CPU: MKL at 1 thread
+    for a 1-row product, at 2 threads below 14 rows, attention at 2 threads; SmolLM2's logits
+    then moved by up to 4e-5), and a token differs where its draw falls within that rounding
+    (the same distribution; the same kind of difference ``batch_size`` or the thread count
+    already made). The tests check equal tokens on the tiny models (1 thread; 2 by hand).
     """
-    from gmts.sampling.kv_cache import presized_cache
+    from gmts.sampling.kv_cache import can_drop_rows, presized_cache
 
     rows, prompt_width = prompt_ids.shape
     device = prompt_ids.device
     capacity = prompt_width + max_new_tokens
-    # (b, P + max_new_tokens): the prompt's mask, then ones (a finished row keeps attending
-    # to its pads, as the model would); step s sees the first P + s + 1 columns
+    # (b, P + max_new_tokens): the prompt's mask, then ones (a stopped row still in the batch
+    # keeps attending to its pads, as the model would); step s sees the first P + s + 1 columns
     full_mask = torch.ones((rows, capacity), dtype=torch.long, device=device)
     full_mask[:, :prompt_width] = prompt_mask
     attention_mask = full_mask[:, :prompt_width]  # (b, P)
@@ -417,7 +449,8 @@ def _sample_cache_loop(
     parameters = _forward_parameters(model)
     # transformers renamed the cache argument from past_key_values to cache (the old name warns)
     cache_name = "cache" if "cache" in parameters else "past_key_values"
-    cache = {cache_name: presized_cache(model.config, capacity)}
+    kv_cache = presized_cache(model.config, capacity)
+    cache = {cache_name: kv_cache}
     extra = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
     out = model(
         input_ids=prompt_ids,
@@ -427,23 +460,34 @@ def _sample_cache_loop(
         **cache,
         **extra,
     )
-    logits = out.logits[:, -1, :]  # (b, V)
-    next_position = positions[:, -1:] + 1  # (b, 1)
+    can_drop = can_drop_rows(kv_cache)
+    logits = out.logits[:, -1, :]  # (a, V), a = b rows in the batch
+    in_batch = torch.arange(rows, device=device)  # (a,) the chunk's rows in the batch, increasing
+    next_position = positions[:, -1:] + 1  # (a, 1)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
     tokens: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        token = _next_token(logits, temperature, generator, draw)  # (b,)
+        drawn = _next_token(logits, temperature, generator, draw, in_batch, rows)  # (a,)
+        token = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # (b,)
+        token[in_batch] = drawn
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token)
         stopped_now = torch.isin(token, stop_ids) & ~finished
         lengths = torch.where(stopped_now, torch.full_like(lengths, step + 1), lengths)
         finished = finished | stopped_now
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        generating = rows - int(finished.sum())
+        if step == max_new_tokens - 1 or generating == 0:
             break
-        attention_mask = full_mask[:, : prompt_width + step + 1]  # (b, P + step + 1)
+        if can_drop and generating < len(in_batch) and generating <= DROP_ROWS_AT * len(in_batch):
+            keep = (~finished[in_batch]).nonzero().squeeze(1)  # (a',) positions in the batch
+            kv_cache.batch_select_indices(keep)
+            full_mask = full_mask[keep]  # (a', P + max_new_tokens)
+            next_position = next_position[keep]  # (a', 1)
+            in_batch = in_batch[keep]  # (a',)
+        attention_mask = full_mask[:, : prompt_width + step + 1]  # (a, P + step + 1)
         out = model(
-            input_ids=token[:, None],
+            input_ids=token[in_batch, None],
             attention_mask=attention_mask,
             position_ids=next_position,
             use_cache=True,
