@@ -26,16 +26,18 @@ gives padded ``(B, R)`` tensors, R = the longest response of the (mini- or micro
    matching core objective (:mod:`~gmts.integrations.verl.loss_modes`), with the importance
    weights that loss applies (verl's ``rollout_is_weights``; for ``bypass_mode`` the IS weights
    and rejections verl computes inside its loss) folded in by the core;
-3. exactly k = ceil(ratio * N) tokens selected over the mini-batch of all data-parallel ranks
-   (the core's ``select_for_update`` with the engine's DP group); the mask is stored per row as
+3. the core's selection step (:func:`gmts.core.step.selection_step`, as the standalone trainer
+   and TRL), with the engine's DP group: exactly k = ceil(ratio * N) tokens selected over the
+   mini-batch of all data-parallel ranks, their global counts and the loss's divisors; the
+   mask is stored per row as
    ``data["gmts_selected"]`` in the layout of ``response_mask`` (jagged nested when that is
    nested, padded otherwise), so it follows the rows through verl's micro-batching and
    reordering, and the global selected count S as ``gmts_num_selected``.
 
 The loss is verl's own policy loss function (its ``loss_mode``) on the full response mask with
 the unselected tokens' loss zeroed (:mod:`~gmts.integrations.verl.terms`), aggregated and
-divided by the core's rule (``gmts.core.loss.LossConfig``: its ``aggregation`` and
-``denominators`` on the mini-batch's global ``TokenSums``, computed once in
+divided by the core's rule (``gmts.core.loss.LossConfig``: its ``aggregation``, and the
+divisors of the selection step on the mini-batch's global counts, computed once in
 :func:`prepare_selection`): ``normalize='selected'`` is eq. 2, a token-mean over S whatever
 verl's ``loss_agg_mode``; ``normalize='all'`` keeps verl's aggregation counting every valid
 token (N for token-mean; per answer |o_i|, then the rows, for seq-mean-token-mean). The KL loss
@@ -53,9 +55,9 @@ from typing import Any
 import torch
 
 from gmts.core.config import SelectionConfig
-from gmts.core.loss import LossConfig, TokenSums
+from gmts.core.loss import LossConfig
 from gmts.core.objectives import ObjectiveConfig
-from gmts.core.step import select_for_update
+from gmts.core.step import UpdateBatch, UpdateLayout, selection_step
 from gmts.integrations.verl.actor_config import VERL_AGGREGATIONS, loss_mode_name
 from gmts.integrations.verl.loss_modes import (
     check_actor_config,
@@ -145,10 +147,13 @@ def prepare_selection(
         ``data``, with ``gmts_selected`` (bool, in the layout of ``response_mask``) and the
         non-tensor entries ``gmts_num_selected`` (global S, at least 1) and ``gmts_threshold``.
         Scores and selection are computed in float32 whatever the fields' dtype (V1 delivers
-        ``old_log_probs`` in bf16).
+        ``old_log_probs`` in bf16). Without a selection (score 'none'): ``data`` unchanged, so
+        the loss is verl's own ``ppo_loss``.
     """
     from verl.utils import tensordict_utils as tu
 
+    if not settings.selection.enabled:
+        return data
     keys = ["response_mask", "old_log_probs", "advantages"]
     keys += [k for k in ("rollout_is_weights",) if k in data]
     if objective.kl_coef > 0:
@@ -180,24 +185,25 @@ def prepare_selection(
         importance_weights = mode.importance_weights(
             actor_config, current, old_logprobs, response_mask, batch_weights
         )
-    result = select_for_update(
-        settings.selection,
-        objective,
+    batch = UpdateBatch(
         logprobs=current,
         old_logprobs=old_logprobs,
         advantages=advantages,
         response_mask=response_mask,
         entropy=None if entropy is None else entropy.to(device).float(),
         ref_logprobs=ref_logprobs,
-        process_group=process_group,
-        step=step,
         importance_weights=importance_weights,
     )
-    selected = response_mask if result.selected is None else result.selected & response_mask
-    counts = TokenSums.count(response_mask, selected).all_reduce(process_group)
-    divisors = LossConfig.of(objective, settings.selection).denominators(counts)
+    chosen = selection_step(
+        LossConfig.of(objective, settings.selection),
+        batch,
+        layout=UpdateLayout(process_group=process_group),  # verl's aggregation scales by DP
+        step=step,
+    )
+    selected = response_mask if chosen.selected is None else chosen.selected & response_mask
+    counts, divisors = chosen.counts, chosen.denominators
     data[SELECTED_KEY] = _like_response_mask(selected, data)
-    threshold = math.nan if result.threshold is None else float(result.threshold)
+    threshold = math.nan if chosen.threshold is None else float(chosen.threshold)
     tu.assign_non_tensor(
         data,
         **{
