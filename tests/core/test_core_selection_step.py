@@ -250,6 +250,7 @@ def test_a_registered_rule_reads_logprobs_and_advantages():
 
     @gmts.register_score("test-advantage-surprise", requires={"logprobs", "advantages", "mask"})
     def surprise(inputs):
+        assert inputs.selection.score == "test-advantage-surprise"  # its parameters' place
         assert inputs.advantages.shape == inputs.mask.shape
         assert not inputs.logprobs.requires_grad
         return (-inputs.logprobs * inputs.advantages).abs()

@@ -51,6 +51,8 @@ class ScoreInputs:
         seed: seed of the random score's generator (callers pass config seed + step).
         process_group: the ranks the selection is global over (None: this process): a score
             that needs batch statistics (a mean, a covariance) all-reduces over it.
+        selection: the ``SelectionConfig`` being applied: a rule's own parameters are its
+            fields (None when a score is computed outside a selection).
     """
 
     entropy: torch.Tensor | None = None
@@ -63,6 +65,7 @@ class ScoreInputs:
     advantages: torch.Tensor | None = None
     seed: int = 0
     process_group: Any = None
+    selection: Any = None
 
 
 ScoreFn = Callable[[ScoreInputs], torch.Tensor]
@@ -78,7 +81,11 @@ class Score:
 
 
 _SCORES: Registry[Score] = Registry("score", reserved=("none",))
-_INPUT_FIELDS = frozenset(f.name for f in fields(ScoreInputs)) - {"seed", "process_group"}
+_INPUT_FIELDS = frozenset(f.name for f in fields(ScoreInputs)) - {
+    "seed",
+    "process_group",
+    "selection",
+}
 
 STATISTICS = frozenset({"entropy", "omega", "logit_grad_norm"})
 """The ScoreInputs fields that come from a forward pass of the model (an engine may lack some;

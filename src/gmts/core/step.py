@@ -150,6 +150,7 @@ def select_for_update(
         advantages=given("advantages", _per_token(advantages, response_mask)),
         seed=seed,
         process_group=process_group,
+        selection=config,
     )
     scores = compute_scores(config.score, inputs)
     selected = _top(config, scores, response_mask, group_ids, process_group)
