@@ -115,7 +115,13 @@ def keys_help() -> str:
     for item in verl_keys():
         lines.append(f"  {item.key}={item.default!r}")
         lines.extend(
-            textwrap.wrap(item.help, 88, initial_indent=" " * 6, subsequent_indent=" " * 6)
+            textwrap.wrap(
+                item.help,
+                88,
+                initial_indent=" " * 6,
+                subsequent_indent=" " * 6,
+                break_on_hyphens=False,  # names such as seq-mean-token-mean stay whole
+            )
         )
     return "\n".join(lines)
 
