@@ -460,11 +460,10 @@ def policy_loss(
         selected: ``(B, T)`` bool selection, or None (train on every valid token).
         ref_logprobs: ``(B, T)`` log pi_ref, required when the objective's kl_coef > 0.
         entropy: ``(B, T)``, only for the entropy sums of the returned record.
-        denominators: the mini-batch's divisors from :meth:`LossConfig.denominators` on its
-            reduced :class:`TokenSums` (for micro-batching and several ranks: the micro-batch
-            losses then add up to the mini-batch loss, and rank losses to the global loss, so
-            gradients must be SUMMED over ranks; DDP averages them, so multiply by the world
-            size there). None: this batch's own divisors.
+        denominators: the mini-batch's divisors (:meth:`LossConfig.denominators` on its
+            reduced :class:`TokenSums`, or :func:`gmts.selection_step`'s): micro-batch and rank
+            losses then add up to the global loss (gradients SUMMED over ranks; the step's
+            ``averaged_over`` for DDP). None: this batch's own divisors.
         importance_weights: ``(B,)``/``(B, 1)``/``(B, T)`` detached rollout-correction weights
             >= 0 that multiply the policy term (as the objective applies them; never the KL),
             or None.
@@ -472,42 +471,21 @@ def policy_loss(
 
     Returns:
         ``(loss, sums)``: the scalar loss to minimise and this batch's (unreduced)
-        :class:`TokenSums`, with clip, advantage, entropy (if given) and KL (if
-        ``ref_logprobs``) sums for metrics.
+        :class:`TokenSums` (clip, advantage, entropy if given, KL if ``ref_logprobs``).
     """
     config = LossConfig() if config is None else config
-    if not isinstance(config, LossConfig):
-        raise ValueError(f"config must be a LossConfig, got {type(config).__name__}")
-    if denominators is not None and not isinstance(denominators, LossDenominators):
-        raise ValueError(
-            f"denominators must be LossDenominators, got {type(denominators).__name__}"
-        )
-    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
-        raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
+    _check_loss_inputs(config, logprobs, entropy, denominators, ref_logprobs, group_ids)
     mask = as_mask(mask, logprobs, "mask")
     if selected is not None:
         selected = as_mask(selected, logprobs, "selected")
-    if entropy is not None and (
-        not isinstance(entropy, torch.Tensor) or entropy.shape != logprobs.shape
-    ):
-        raise ValueError(f"entropy must be a torch.Tensor of shape {tuple(logprobs.shape)}")
     objective = config.objective
-    if objective.kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("ref_logprobs (B, T) are required when kl_coef > 0")
-    per_group = config.normalize == "per-group"
-    if per_group and group_ids is None:
-        raise ValueError("normalize='per-group' needs group_ids (B,)")
 
     # Padding never reaches the objective (r = 1, D = 0 there), so garbage log-probs at
     # masked positions (inf, nan, huge ratios) cannot leak nan into the gradients.
     inputs = ObjectiveInputs.of(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        ref_logprobs=ref_logprobs,
-        importance_weights=importance_weights,
-    )
+        logprobs, old_logprobs, advantages, mask,
+        ref_logprobs=ref_logprobs, importance_weights=importance_weights,
+    )  # fmt: skip
     parts = _objective_terms(objective, inputs)
     carriers = mask & selected if selected is not None else mask  # P
     sums = TokenSums._build(
@@ -522,7 +500,7 @@ def policy_loss(
         denominators = config.denominators(sums, mask=mask, group_ids=group_ids)
     aggregation = config.aggregation(selected is not None)
     surrogate, kl = parts.surrogate, parts.kl
-    if per_group:
+    if config.normalize == "per-group":
         if denominators.group_ids is None:
             raise ValueError("normalize='per-group' needs per-group denominators")
         row_scale = denominators.row_scale(group_ids.long())[:, None].to(logprobs.dtype)
@@ -533,3 +511,30 @@ def policy_loss(
         kl_term = aggregation.total(kl, kl_carriers, mask) / denominators.kl
         loss = loss + objective.kl_coef * kl_term
     return loss, sums
+
+
+def _check_loss_inputs(
+    config: Any,
+    logprobs: Any,
+    entropy: Any,
+    denominators: Any,
+    ref_logprobs: Any,
+    group_ids: Any,
+) -> None:
+    """ValueError naming the first argument of :func:`policy_loss` that cannot be used."""
+    if not isinstance(config, LossConfig):
+        raise ValueError(f"config must be a LossConfig, got {type(config).__name__}")
+    if denominators is not None and not isinstance(denominators, LossDenominators):
+        raise ValueError(
+            f"denominators must be LossDenominators, got {type(denominators).__name__}"
+        )
+    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
+        raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
+    if entropy is not None and (
+        not isinstance(entropy, torch.Tensor) or entropy.shape != logprobs.shape
+    ):
+        raise ValueError(f"entropy must be a torch.Tensor of shape {tuple(logprobs.shape)}")
+    if config.objective.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("ref_logprobs (B, T) are required when kl_coef > 0")
+    if config.normalize == "per-group" and group_ids is None:
+        raise ValueError("normalize='per-group' needs group_ids (B,)")

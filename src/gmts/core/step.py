@@ -76,7 +76,8 @@ def select_for_update(
     importance_weights: torch.Tensor | None = None,
     compare_with: str | None = None,
 ) -> SelectionResult:
-    """Score the tokens with ``config.score`` and select the top (or bottom) ``config.ratio``.
+    """Score the tokens with ``config.score`` and select the top (or bottom) ``config.ratio``
+    of exactly the rows given (one selection unit: :func:`selection_step` slices the units).
 
     omega is computed from the current ``logprobs`` (detached) with ``objective`` (its terms,
     KL and importance weights: :func:`gmts.gradient_coefficient`, by ``config.omega``'s method),
@@ -84,12 +85,8 @@ def select_for_update(
     compute with the same objective and weights (times the aggregation's per-token weight with
     ``config.omega_weighting``). Only the inputs the score needs
     (:func:`gmts.score_requirements`) are read; a missing one raises ValueError. With
-    ``config.zero_scores == "skip"`` and ``config.largest`` a selected token whose score is
-    exactly 0 is dropped from the selection (it carries no policy gradient and fills the count
-    only); a bottom selection (``largest=False``) keeps them (docs/semantics.md section 4).
-
-    This selects over exactly the rows it is given: a caller with ``config.unit ==
-    "micro-batch"`` calls it once per micro-batch.
+    ``config.zero_scores == "skip"`` a top selection drops a selected token whose score is
+    exactly 0 (it fills the count only); a bottom selection keeps them (docs/semantics.md 4).
 
     Args:
         logprobs, old_logprobs, ref_logprobs, entropy, logit_grad_norm: ``(B, T)``.
@@ -105,53 +102,24 @@ def select_for_update(
             inputs (omega computed once when both read it): one more score and top-k, equal to
             a second call with ``dataclasses.replace(config, score=compare_with)``.
     """
-    if not isinstance(config, SelectionConfig):
-        raise ValueError(f"config must be a SelectionConfig, got {type(config).__name__}")
-    if not isinstance(objective, ObjectiveConfig):
-        raise ValueError(f"objective must be an ObjectiveConfig, got {type(objective).__name__}")
-    if compare_with is not None and compare_with not in available_scores():
-        raise ValueError(f"compare_with must be one of {available_scores()}, got {compare_with!r}")
+    _check_arguments(config, objective, compare_with)
     if not config.enabled:
         return SelectionResult(selected=None, scores=None, threshold=None)
     needs = score_requirements(config.score)
     if compare_with is not None:
         needs = needs | score_requirements(compare_with)
-    omega = None
-    if "omega" in needs:
-        omega = gradient_coefficient(
-            objective,
-            logprobs.detach(),
-            old_logprobs,
-            advantages,
-            response_mask,
-            ref_logprobs=ref_logprobs if objective.kl_coef > 0 else None,
-            importance_weights=importance_weights,
-            method=config.omega,
-        )
-        if config.omega_weighting:  # the weight of the aggregation the loss applies
-            aggregation = applied_aggregation(objective, config.normalize, selection=True)
-            weights = aggregation.token_weights(response_mask.bool())
-            omega = omega * weights.to(omega.dtype)  # (B, T)
-    seed = config.seed + step
-    if dist_utils.is_distributed(process_group):
-        seed += _RANK_SEED_STRIDE * dist_utils.get_rank(process_group)
-
-    def given(name: str, value: torch.Tensor | None) -> torch.Tensor | None:
-        return value.detach() if value is not None and name in needs else None
-
-    inputs = ScoreInputs(
-        entropy=given("entropy", entropy),
-        omega=omega,
-        logit_grad_norm=given("logit_grad_norm", logit_grad_norm),
-        mask=response_mask,
-        logprobs=given("logprobs", logprobs),
-        old_logprobs=given("old_logprobs", old_logprobs),
-        ref_logprobs=given("ref_logprobs", ref_logprobs),
-        advantages=given("advantages", _per_token(advantages, response_mask)),
-        seed=seed,
-        process_group=process_group,
-        selection=config,
+    batch = UpdateBatch(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        entropy=entropy,
+        ref_logprobs=ref_logprobs,
+        logit_grad_norm=logit_grad_norm,
+        importance_weights=importance_weights,
     )
+    omega = _omega(config, objective, batch) if "omega" in needs else None
+    inputs = _score_inputs(config, batch, needs, omega, step, process_group)
     scores = compute_scores(config.score, inputs)
     selected = _top(config, scores, response_mask, group_ids, process_group)
     threshold = selection_threshold(
@@ -162,6 +130,73 @@ def select_for_update(
         other = compute_scores(compare_with, inputs)
         compared = _top(config, other, response_mask, group_ids, process_group)
     return SelectionResult(selected=selected, scores=scores, threshold=threshold, compared=compared)
+
+
+def _check_arguments(
+    config: SelectionConfig, objective: ObjectiveConfig, compare_with: str | None
+) -> None:
+    if not isinstance(config, SelectionConfig):
+        raise ValueError(f"config must be a SelectionConfig, got {type(config).__name__}")
+    if not isinstance(objective, ObjectiveConfig):
+        raise ValueError(f"objective must be an ObjectiveConfig, got {type(objective).__name__}")
+    if compare_with is not None and compare_with not in available_scores():
+        raise ValueError(f"compare_with must be one of {available_scores()}, got {compare_with!r}")
+
+
+def _omega(config: SelectionConfig, objective: ObjectiveConfig, b: UpdateBatch) -> torch.Tensor:
+    """``(B, T)`` omega of ``objective`` at the current (detached) log-probs, times the
+    aggregation's per-token weight with ``config.omega_weighting``."""
+    omega = gradient_coefficient(
+        objective,
+        b.logprobs.detach(),
+        b.old_logprobs,
+        b.advantages,
+        b.response_mask,
+        ref_logprobs=b.ref_logprobs if objective.kl_coef > 0 else None,
+        importance_weights=b.importance_weights,
+        method=config.omega,
+    )
+    if config.omega_weighting:  # the weight of the aggregation the loss applies
+        aggregation = applied_aggregation(objective, config.normalize, selection=True)
+        weights = aggregation.token_weights(b.response_mask.bool())
+        omega = omega * weights.to(omega.dtype)  # (B, T)
+    return omega
+
+
+def _score_inputs(
+    config: SelectionConfig,
+    b: UpdateBatch,
+    needs: frozenset[str],
+    omega: torch.Tensor | None,
+    step: int,
+    process_group: Any,
+) -> ScoreInputs:
+    """What the scores read of ``b`` (``needs``; detached), and only that."""
+
+    def given(name: str, value: torch.Tensor | None) -> torch.Tensor | None:
+        return value.detach() if value is not None and name in needs else None
+
+    return ScoreInputs(
+        entropy=given("entropy", b.entropy),
+        omega=omega,
+        logit_grad_norm=given("logit_grad_norm", b.logit_grad_norm),
+        mask=b.response_mask,
+        logprobs=given("logprobs", b.logprobs),
+        old_logprobs=given("old_logprobs", b.old_logprobs),
+        ref_logprobs=given("ref_logprobs", b.ref_logprobs),
+        advantages=given("advantages", _per_token(b.advantages, b.response_mask)),
+        seed=_seed(config, step, process_group),
+        process_group=process_group,
+        selection=config,
+    )
+
+
+def _seed(config: SelectionConfig, step: int, process_group: Any) -> int:
+    """The random score's seed: ``config.seed + step``, apart by rank under a process group."""
+    seed = config.seed + step
+    if dist_utils.is_distributed(process_group):
+        seed += _RANK_SEED_STRIDE * dist_utils.get_rank(process_group)
+    return seed
 
 
 def _top(
@@ -408,33 +443,9 @@ def selection_step(
         raise ValueError(f"batch must be an UpdateBatch, got {type(batch).__name__}")
     layout = UpdateLayout() if layout is None else layout
     selection = loss.selection
-    selected, compared, thresholds = None, None, []
+    selected, compared, threshold = None, None, None
     if selection.enabled:
-        parts, others = [], []
-        for rows in _units(selection, batch.num_rows, layout.unit_rows):
-            unit = batch if rows is None else batch.rows(rows)
-            result = select_for_update(
-                selection,
-                loss.objective,
-                logprobs=unit.logprobs,
-                old_logprobs=unit.old_logprobs,
-                advantages=unit.advantages,
-                response_mask=unit.response_mask,
-                entropy=unit.entropy,
-                ref_logprobs=unit.ref_logprobs,
-                logit_grad_norm=unit.logit_grad_norm,
-                group_ids=unit.group_ids,
-                process_group=layout.process_group,
-                step=step,
-                importance_weights=unit.importance_weights,
-                compare_with=compare_with,
-            )
-            parts.append(result.selected)
-            others.append(result.compared)
-            thresholds.append(result.threshold)
-        selected = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B, T)
-        if compare_with is not None:
-            compared = others[0] if len(others) == 1 else torch.cat(others)
+        selected, compared, threshold = _select_units(loss, batch, layout, step, compare_with)
     mask = batch.response_mask.bool()
     counts = TokenSums.count(mask, selected).reduced(layout.reduce)
     eq2 = selected is not None and selection.normalize == "selected"
@@ -454,10 +465,49 @@ def selection_step(
         counts=counts,
         denominators=denominators,
         scale=scale,
-        threshold=_threshold(thresholds, selection.largest) if selected is not None else None,
+        threshold=threshold,
         overlap=overlap,
         unit_divisor=eq2,
     )
+
+
+def _select_units(
+    loss: LossConfig,
+    batch: UpdateBatch,
+    layout: UpdateLayout,
+    step: int,
+    compare_with: str | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    """``(selected, compared, threshold)``: each unit of ``batch``'s rows selected on its own
+    (:func:`select_for_update`), the masks ``(B, T)`` concatenated."""
+    selection = loss.selection
+    parts, others, thresholds = [], [], []
+    for rows in _units(selection, batch.num_rows, layout.unit_rows):
+        unit = batch if rows is None else batch.rows(rows)
+        result = select_for_update(
+            selection,
+            loss.objective,
+            logprobs=unit.logprobs,
+            old_logprobs=unit.old_logprobs,
+            advantages=unit.advantages,
+            response_mask=unit.response_mask,
+            entropy=unit.entropy,
+            ref_logprobs=unit.ref_logprobs,
+            logit_grad_norm=unit.logit_grad_norm,
+            group_ids=unit.group_ids,
+            process_group=layout.process_group,
+            step=step,
+            importance_weights=unit.importance_weights,
+            compare_with=compare_with,
+        )
+        parts.append(result.selected)
+        others.append(result.compared)
+        thresholds.append(result.threshold)
+    selected = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B, T)
+    compared = None
+    if compare_with is not None:
+        compared = others[0] if len(others) == 1 else torch.cat(others)
+    return selected, compared, _threshold(thresholds, selection.largest)
 
 
 def _units(selection: SelectionConfig, num_rows: int, unit_rows: int | None) -> list[slice | None]:

@@ -154,6 +154,40 @@ def prepare_selection(
 
     if not settings.selection.enabled:
         return data
+    batch = _update_batch(data, settings, objective, actor_config, logprobs, entropy, process_group)
+    chosen = selection_step(
+        LossConfig.of(objective, settings.selection),
+        batch,
+        layout=UpdateLayout(process_group=process_group),  # verl's aggregation scales by DP
+        step=step,
+    )
+    response_mask = batch.response_mask
+    selected = response_mask if chosen.selected is None else chosen.selected & response_mask
+    counts, divisors = chosen.counts, chosen.denominators
+    data[SELECTED_KEY] = _like_response_mask(selected, data)
+    threshold = math.nan if chosen.threshold is None else float(chosen.threshold)
+    tu.assign_non_tensor(
+        data,
+        **{
+            NUM_SELECTED_KEY: max(counts["selected_tokens"], 1.0),
+            DIVISORS_KEY: (divisors.policy, divisors.kl),
+            THRESHOLD_KEY: threshold,
+        },
+    )
+    return data
+
+
+def _update_batch(
+    data: Any,
+    settings: GMTSVerlSettings,
+    objective: ObjectiveConfig,
+    actor_config: Any,
+    logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    process_group: Any,
+) -> UpdateBatch:
+    """The mini-batch's response fields as the core's :class:`UpdateBatch`: padded ``(B, R)``
+    float32 on the selection's device, with the importance weights verl's loss applies."""
     keys = ["response_mask", "old_log_probs", "advantages"]
     keys += [k for k in ("rollout_is_weights",) if k in data]
     if objective.kl_coef > 0:
@@ -185,7 +219,7 @@ def prepare_selection(
         importance_weights = mode.importance_weights(
             actor_config, current, old_logprobs, response_mask, batch_weights
         )
-    batch = UpdateBatch(
+    return UpdateBatch(
         logprobs=current,
         old_logprobs=old_logprobs,
         advantages=advantages,
@@ -194,25 +228,6 @@ def prepare_selection(
         ref_logprobs=ref_logprobs,
         importance_weights=importance_weights,
     )
-    chosen = selection_step(
-        LossConfig.of(objective, settings.selection),
-        batch,
-        layout=UpdateLayout(process_group=process_group),  # verl's aggregation scales by DP
-        step=step,
-    )
-    selected = response_mask if chosen.selected is None else chosen.selected & response_mask
-    counts, divisors = chosen.counts, chosen.denominators
-    data[SELECTED_KEY] = _like_response_mask(selected, data)
-    threshold = math.nan if chosen.threshold is None else float(chosen.threshold)
-    tu.assign_non_tensor(
-        data,
-        **{
-            NUM_SELECTED_KEY: max(counts["selected_tokens"], 1.0),
-            DIVISORS_KEY: (divisors.policy, divisors.kl),
-            THRESHOLD_KEY: threshold,
-        },
-    )
-    return data
 
 
 def _selection_device(
@@ -266,23 +281,20 @@ def gmts_ppo_loss(
             f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
             "mini-batch (is the gmts verl plugin registered in this worker process?)"
         )
-    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+    from verl.trainer.ppo.core_algos import agg_loss
     from verl.utils import tensordict_utils as tu
     from verl.utils.metric import AggregationType, Metric
 
     selection = settings.selection
     micro, entropy, ref_log_prob = _micro_batch(config, model_output, data, selection)
-    log_prob, response_mask, info = micro.log_prob, micro.response_mask, micro.info
-    selected = micro.keep.bool()
-    dp_size, batch_num_tokens = info["dp_size"], info["batch_num_tokens"]
-    global_batch_size, aggregation = info["global_batch_size"], micro.aggregation
+    response_mask, info = micro.response_mask, micro.info
+    batch_num_tokens = info["batch_num_tokens"]
     num_selected = tu.get_non_tensor_data(data=data, key=NUM_SELECTED_KEY, default=None)
     threshold = tu.get_non_tensor_data(data=data, key=THRESHOLD_KEY, default=math.nan)
-    divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
     uses_global_info = (
-        dp_size > 1
+        info["dp_size"] > 1
         or batch_num_tokens is not None
-        or global_batch_size is not None
+        or info["global_batch_size"] is not None
         or config.loss_scale_factor is not None
     )
     metric_aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
@@ -299,15 +311,8 @@ def gmts_ppo_loss(
         metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
 
     if config.use_kl_loss:
-        kld = kl_penalty(
-            logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=config.kl_loss_type
-        )  # (B, R)
-        kl_carriers = selected if selection.kl_tokens == "selected" else response_mask
-        kld = torch.where(kl_carriers, kld, torch.zeros_like(kld))  # counted over the answer
-        kl_info = replace(micro, divisor=divisors[1]).verl_info(aggregation)
-        kl_loss = agg_loss(
-            loss_mat=kld, loss_mask=response_mask, loss_agg_mode=aggregation.name, **kl_info
-        )
+        kl_divisor = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)[1]
+        kl_loss = _kl_loss(config, micro, ref_log_prob, selection.kl_tokens, kl_divisor)
         loss = loss + kl_loss * config.kl_loss_coef
         metrics["kl_loss"] = Metric(value=kl_loss, aggregation=metric_aggregation)
         metrics["kl_coef"] = config.kl_loss_coef
@@ -316,6 +321,31 @@ def gmts_ppo_loss(
         metrics["gmts/selected_fraction"] = float(num_selected or 0) / float(batch_num_tokens)
         metrics["gmts/score_threshold"] = float(threshold)
     return loss, metrics
+
+
+def _kl_loss(
+    config: Any,
+    micro: MicroBatch,
+    ref_log_prob: torch.Tensor,
+    kl_tokens: str,
+    divisor: float,
+) -> torch.Tensor:
+    """verl's KL loss (its ``kl_penalty``) over the selected tokens (``kl_tokens='selected'``)
+    or every valid one, aggregated as the policy term and divided by the core's KL divisor."""
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+    kld = kl_penalty(
+        logprob=micro.log_prob, ref_logprob=ref_log_prob, kl_penalty=config.kl_loss_type
+    )  # (B, R)
+    carriers = micro.keep.bool() if kl_tokens == "selected" else micro.response_mask
+    kld = torch.where(carriers, kld, torch.zeros_like(kld))  # counted over the answer
+    kl_info = replace(micro, divisor=divisor).verl_info(micro.aggregation)
+    return agg_loss(
+        loss_mat=kld,
+        loss_mask=micro.response_mask,
+        loss_agg_mode=micro.aggregation.name,
+        **kl_info,
+    )
 
 
 def _micro_batch(
