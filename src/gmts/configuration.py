@@ -13,7 +13,14 @@ the core's ``SelectionConfig``, ...) whose fields carry their help text in
   values raise ``ValueError`` naming the key;
 - :func:`to_dict` / :func:`dump_yaml`: back to plain YAML that :func:`build` reads again;
 - :func:`field_reference`: (key, type, default, help) of every leaf field, for ``--help`` and
-  the docs.
+  the docs;
+- :func:`dialect_fields`: a dataclass's fields as another front end spells them (TRL's
+  ``gmts_*`` arguments, verl's ``gmts.*`` keys), with their types, defaults and help: the
+  dialects are generated from the one dataclass, never written out again.
+
+A section whose dataclass has a ``preset(name, **overrides)`` classmethod (``SelectionConfig``,
+``ObjectiveConfig``) also takes ``preset: NAME``: it starts from that preset, and the section's
+other keys override it.
 
 Why not a library: OmegaConf (verl's choice) pins ``antlr4-python3-runtime`` 4.9, which
 conflicts with math-verify's LaTeX parser (4.13); pydantic would replace the dataclasses the
@@ -34,6 +41,8 @@ __all__ = [
     "build",
     "coerce",
     "deep_merge",
+    "DialectField",
+    "dialect_fields",
     "dump_yaml",
     "field_reference",
     "field_types",
@@ -146,20 +155,30 @@ def _unknown_key_error(cls: type, key: str, prefix: str) -> ValueError:
     return ValueError(f"unknown config key '{full}'; valid keys at {where}: {valid}")
 
 
+PRESET_KEY = "preset"
+
+
 def build(cls: type, raw: Any, prefix: str, base: Any = None) -> Any:
-    """Build dataclass ``cls`` from the mapping ``raw``; ``base`` supplies defaults if given."""
+    """Build dataclass ``cls`` from the mapping ``raw``; ``base`` supplies defaults if given,
+    a ``preset`` key (for a class with a ``preset`` classmethod) replaces ``base``."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ValueError(f"{prefix or 'config'}: expected a mapping of keys, got {raw!r}")
     types_ = field_types(cls)
+    presettable = PRESET_KEY not in types_ and callable(getattr(cls, PRESET_KEY, None))
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
+        if key == PRESET_KEY and presettable:
+            continue
         if key not in types_:
             raise _unknown_key_error(cls, key, prefix)
         full = f"{prefix}.{key}" if prefix else key
         kwargs[key] = coerce(value, types_[key], full)
     try:
+        if presettable and raw.get(PRESET_KEY) is not None:
+            full = f"{prefix}.{PRESET_KEY}" if prefix else PRESET_KEY
+            return getattr(cls, PRESET_KEY)(coerce(raw[PRESET_KEY], str, full), **kwargs)
         if base is not None:
             return dataclasses.replace(base, **kwargs)
         return cls(**kwargs)
@@ -301,3 +320,40 @@ def field_reference(
             value = list(value)
         rows.append((key, type_name(types_[f.name]), repr(value), help_text))
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class DialectField:
+    """One dataclass field as another front end spells it.
+
+    Attributes:
+        key: the front end's name (``prefix + field``).
+        field: the dataclass field.
+        type: the field's annotation, resolved (``str``, ``float``, ``int | None``, ...).
+        default: the field's default.
+        help: the field's help text, plus the front end's note for it.
+    """
+
+    key: str
+    field: str
+    type: Any
+    default: Any
+    help: str
+
+
+def dialect_fields(
+    cls: type, prefix: str, notes: dict[str, str] | None = None
+) -> list[DialectField]:
+    """Every init field of dataclass ``cls`` as ``prefix + name``, with its resolved type,
+    default and help text (``notes[name]`` appended: what the front end adds to it)."""
+    notes = notes or {}
+    unknown = set(notes) - set(field_types(cls))
+    if unknown:
+        raise ValueError(f"notes for unknown {cls.__name__} fields {sorted(unknown)}")
+    out = []
+    defaults = cls()
+    for name, tp in field_types(cls).items():
+        f = cls.__dataclass_fields__[name]
+        text = " ".join(t for t in (f.metadata.get("help", ""), notes.get(name, "")) if t)
+        out.append(DialectField(prefix + name, name, tp, getattr(defaults, name), text))
+    return out

@@ -222,8 +222,7 @@ def _loss(
     """policy_loss with the objective's fields as keywords (clip 0.2 / 0.28 by default)."""
     config = gmts.LossConfig(
         gmts.ObjectiveConfig(**objective),
-        normalize=normalize,
-        kl_tokens=kl_tokens,
+        gmts.SelectionConfig(normalize=normalize, kl_tokens=kl_tokens),
         horizon=HORIZON,
     )
     return gmts.policy_loss(
@@ -411,8 +410,7 @@ def test_micro_batches_add_up_to_the_full_loss(aggregation, normalize, kl_tokens
 
     config = gmts.LossConfig(
         gmts.ObjectiveConfig(kl_coef=0.1, aggregation=aggregation),
-        normalize,
-        kl_tokens,
+        gmts.SelectionConfig(normalize=normalize, kl_tokens=kl_tokens),
         horizon=HORIZON,
     )
     denominators = config.denominators(gmts.TokenSums.count(mask, sel))
@@ -461,7 +459,9 @@ def test_the_divisor_rule(aggregation, normalize, kl_tokens, with_selection, pol
     rows = int(mask.any(-1).sum())
     counts = {"S": int(sel.sum()), "N": int(mask.sum()), "R": rows, "RH": rows * HORIZON, 1: 1}
     config = gmts.LossConfig(
-        gmts.ObjectiveConfig(aggregation=aggregation), normalize, kl_tokens, horizon=HORIZON
+        gmts.ObjectiveConfig(aggregation=aggregation),
+        gmts.SelectionConfig(normalize=normalize, kl_tokens=kl_tokens),
+        horizon=HORIZON,
     )
     den = config.denominators(gmts.TokenSums.count(mask, sel if with_selection else None))
     assert (den.policy, den.kl) == (counts[policy], counts[kl])
@@ -537,11 +537,26 @@ def test_objective_config_presets_and_validation():
     with pytest.raises(ValueError, match="unknown ObjectiveConfig fields"):
         gmts.ObjectiveConfig.preset("grpo", beta=1.0)
     with pytest.raises(ValueError, match="normalize"):
-        gmts.LossConfig(normalize="none")
+        gmts.LossConfig(selection=gmts.SelectionConfig(normalize="none"))
     with pytest.raises(ValueError, match="kl_tokens"):
-        gmts.LossConfig(kl_tokens="none")
+        gmts.LossConfig(selection=gmts.SelectionConfig(kl_tokens="none"))
     with pytest.raises(ValueError, match="objective"):
         gmts.LossConfig(objective={"kl_coef": 0.1})
+    with pytest.raises(ValueError, match="selection must be a SelectionConfig"):
+        gmts.LossConfig(gmts.ObjectiveConfig(), "all")  # normalize's old place
+
+
+def test_old_loss_keywords_still_work_and_name_the_new_place():
+    """normalize and kl_tokens belong to SelectionConfig; LossConfig(normalize=...) of older
+    versions still builds the same loss, with a DeprecationWarning naming the new spelling."""
+    objective = gmts.ObjectiveConfig(kl_coef=0.1)
+    with pytest.warns(DeprecationWarning, match=r"SelectionConfig\(normalize='all'"):
+        old = gmts.LossConfig(objective, normalize="all")
+    assert old == gmts.LossConfig(objective, gmts.SelectionConfig(normalize="all"))
+    assert (old.normalize, old.kl_tokens) == ("all", "selected")  # read from the selection
+    with pytest.warns(DeprecationWarning, match="kl_tokens belongs to SelectionConfig"):
+        old = gmts.LossConfig(objective, kl_tokens="all", horizon=3)
+    assert old.selection.kl_tokens == "all" and old.horizon == 3
 
 
 def test_aggregation_registry():

@@ -475,6 +475,49 @@ def test_micro_batch_selection_unit_selects_per_micro_batch(model_dir):
     assert trainer._metrics["train"]["gmts/unit_selected_tokens"][-1] == math.ceil(rho * n_last)
 
 
+@pytest.mark.parametrize("score,window_forwards", [("gmts", 2), ("entropy", 2), ("random", 0)])
+def test_the_step_units_extra_forward_runs_only_for_scores_that_read_the_model(
+    model_dir, score, window_forwards
+):
+    """gmts_unit='mini-batch' over 2 accumulated micro-batches: the window's no-grad forward
+    (one per micro-batch, once per optimizer step) runs for scores that read entropies or the
+    current policy, which TRL keeps nowhere; random reads the masks only: no extra forward,
+    and the window still selects k = ceil(rho N) over both micro-batches."""
+    rho = 0.3
+    args = GMTSGRPOConfig(
+        **_common(loss_type="dapo", beta=0.0),
+        gmts_score=score,
+        gmts_ratio=rho,
+        gradient_accumulation_steps=2,
+    )
+    trainer = _build(GMTSGRPOTrainer, args, model_dir)
+    calls = []
+    forward = trainer._get_per_token_logps_and_entropies
+
+    def counting(*a, **k):
+        calls.append(torch.is_grad_enabled())
+        return forward(*a, **k)
+
+    trainer._get_per_token_logps_and_entropies = counting
+    inputs = _inputs(6, 0.0)
+    halves = [
+        {k: v[rows] if v.dim() > 0 else v for k, v in inputs.items()}
+        for rows in (slice(0, 3), slice(3, 6))
+    ]
+    _accumulated_loss_and_grads(trainer, halves)
+    assert calls.count(True) == 2  # the two training forwards
+    assert calls.count(False) == window_forwards
+    n_valid = int(inputs["completion_mask"].sum())
+    logged = trainer._metrics["train"]
+    assert logged["gmts/unit_valid_tokens"][-1] == n_valid
+    assert logged["gmts/unit_selected_tokens"][-1] <= math.ceil(rho * n_valid)
+
+
+def test_a_score_trl_cannot_feed_is_refused_when_configured():
+    with pytest.raises(ValueError, match="gmts_score='logit-grad' reads logit_grad_norm"):
+        check_trl_args(GMTSGRPOConfig(**_common(gmts_score="logit-grad")))
+
+
 @pytest.mark.slow
 def test_training_with_accumulation_selects_over_the_optimizer_step(model_dir):
     args = GMTSGRPOConfig(

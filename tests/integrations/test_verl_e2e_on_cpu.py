@@ -182,7 +182,7 @@ def _check_minibatch(record: dict, use_v1: bool, actor: dict) -> None:
         cat("old_log_probs").float(),
         cat("advantages").float(),
         micro_mask,
-        LossConfig(objective, normalize="selected", kl_tokens="selected"),
+        LossConfig(objective, SelectionConfig(normalize="selected", kl_tokens="selected")),
         ref_logprobs=cat("ref_log_prob").float(),
         selected=micro_selected,
     )

@@ -173,7 +173,7 @@ def _core_loss(
         fields["old_log_probs"].float(),
         fields["advantages"].float(),
         mask,
-        LossConfig(objective, normalize=normalize, kl_tokens=kl_tokens),
+        LossConfig(objective, SelectionConfig(normalize=normalize, kl_tokens=kl_tokens)),
         ref_logprobs=fields["ref_log_prob"].float(),
         selected=selected,
     )

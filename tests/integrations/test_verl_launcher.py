@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gmts.core import SelectionConfig
-from gmts.integrations.verl.__main__ import build_command, main
-from gmts.integrations.verl.settings import ENV_VAR, GMTSVerlSettings
+from gmts.core import SelectionConfig, available_scores
+from gmts.integrations.verl.__main__ import build_command, keys_help, main
+from gmts.integrations.verl.settings import ENV_VAR, GMTSVerlSettings, verl_keys
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "verl").glob("*.yaml"))
@@ -139,3 +140,16 @@ def test_dry_run_from_the_command_line_imports_neither_verl_nor_trl():
     assert lines[0].startswith(f"{ENV_VAR}=")
     assert "-m verl.trainer.main_ppo x.y=1" in lines[1]
     assert lines[-1] == "HEAVY []"
+
+
+def test_help_lists_every_key_and_score_whole():
+    """--help's epilog is generated: every gmts.* key, and each score's name unbroken (the
+    wrap never splits at a hyphen, so logit-grad or a new score's name can be searched)."""
+    text = keys_help()
+    for item in verl_keys():
+        assert f"  {item.key}=" in text
+    words = set(re.findall(r"[\w-]+", text))
+    for name in available_scores():
+        assert name in words
+    broken = [line for line in text.splitlines() if re.search(r"\w-$", line)]
+    assert not broken  # mini-batch, seq-mean-token-mean, ... never cut at their hyphen

@@ -42,8 +42,8 @@ class RecordingTrainer(GMTSGRPOTrainer):
             {
                 "local_valid_tokens": int(mask.sum()),
                 "local_selected_tokens": int((selection.selected & mask).sum()),
-                "unit_valid_tokens": selection.unit_sums["valid_tokens"],
-                "unit_selected_tokens": selection.unit_sums["selected_tokens"],
+                "unit_valid_tokens": selection.counts["valid_tokens"],
+                "unit_selected_tokens": selection.counts["selected_tokens"],
             }
         )
         return selection

@@ -39,15 +39,16 @@ def main() -> None:
     selection = SelectionConfig(score="gmts", ratio=0.25)
     scorer = TokenScorer()
     current = scorer.no_grad(model, mine, micro_batch_size=3)
-    selected = select_minibatch(
+    chosen = select_minibatch(
         mine, current, selection, objective, micro_batch_size=3, info=info, step=0
-    ).selected
+    )
+    selected = chosen.selected
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     result = update_minibatch(
         model,
         opt,
         mine,
-        selected,
+        chosen,
         scorer=scorer,
         loss=LossConfig.of(objective, selection),
         micro_batch_size=3,

@@ -111,7 +111,7 @@ def test_the_score_is_the_coefficient_of_the_weighted_gradient(level, objective)
     leaf = current.clone().requires_grad_(True)
     scorer = _FixedScorer(leaf, batch.old_entropy)
     current_stats = scorer.no_grad(None, batch)
-    selected = select_minibatch(
+    chosen = select_minibatch(
         weighted,
         current_stats,
         selection,
@@ -119,7 +119,8 @@ def test_the_score_is_the_coefficient_of_the_weighted_gradient(level, objective)
         micro_batch_size=2,
         info=info,
         step=0,
-    ).selected
+    )
+    selected = chosen.selected
     mask = batch.response_mask
 
     # omega by autograd of the weighted per-token loss (token-mean, no selection): -dL/dlp * N
@@ -142,7 +143,7 @@ def test_the_score_is_the_coefficient_of_the_weighted_gradient(level, objective)
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
         weighted,
-        selected,
+        chosen,
         scorer=scorer,
         loss=gmts.LossConfig.of(obj, selection),
         micro_batch_size=2,

@@ -85,14 +85,15 @@ def _select_and_update(model, optimizer, batch, objective, selection, micro):
 
     scorer, info = TokenScorer(), DistInfo()
     current = scorer.no_grad(model, batch, micro_batch_size=micro)
-    selected = select_minibatch(
+    chosen = select_minibatch(
         batch, current, selection, objective, micro_batch_size=micro, info=info, step=0
-    ).selected
+    )
+    selected = chosen.selected
     result = update_minibatch(
         model,
         optimizer,
         batch,
-        selected,
+        chosen,
         scorer=scorer,
         loss=LossConfig.of(objective, selection),
         micro_batch_size=micro,
@@ -278,14 +279,15 @@ def test_update_in_one_pass_equals_scoring_then_updating(tiny_dir):
     scorer, info = TokenScorer(), DistInfo()
     forward = scorer(model, rollout)  # with gradients: the old statistics and the loss's
     batch = rollout.scored(forward, None)
-    selected_one = select_minibatch(
+    chosen = select_minibatch(
         batch, batch.old, selection, cfg.objective, micro_batch_size=16, info=info, step=0
-    ).selected
+    )
+    selected_one = chosen.selected
     one_pass = update_minibatch(
         model,
         opt,
         batch,
-        selected_one,
+        chosen,
         scorer=scorer,
         loss=LossConfig.of(cfg.objective, selection),
         micro_batch_size=16,

@@ -66,7 +66,17 @@ from gmts.core.selection import (
     selection_count,
     selection_threshold,
 )
-from gmts.core.step import SelectionResult, select_for_update
+from gmts.core.step import (
+    OwnDivisor,
+    SelectionOverlap,
+    SelectionResult,
+    SelectionStep,
+    UpdateBatch,
+    UpdateLayout,
+    select_for_update,
+    selection_step,
+)
+from gmts.core.support import EngineSupport, Unsupported
 
 __all__ = [
     "AGGREGATIONS",
@@ -81,19 +91,26 @@ __all__ = [
     "TIE_RULES",
     "ZERO_SCORE_RULES",
     "Aggregation",
+    "EngineSupport",
     "KLEstimator",
     "LossConfig",
     "LossDenominators",
     "Objective",
     "ObjectiveConfig",
     "ObjectiveInputs",
+    "OwnDivisor",
     "ScoreInputs",
     "SelectionConfig",
+    "SelectionOverlap",
     "SelectionResult",
+    "SelectionStep",
     "Surrogate",
     "TokenObjective",
     "TokenStatistics",
     "TokenSums",
+    "Unsupported",
+    "UpdateBatch",
+    "UpdateLayout",
     "applied_aggregation",
     "available_aggregations",
     "available_kl_estimators",
@@ -120,6 +137,7 @@ __all__ = [
     "select_for_update",
     "select_tokens",
     "selection_count",
+    "selection_step",
     "selection_threshold",
     "token_logprobs_and_entropy",
     "token_logprobs_and_entropy_from_hidden",

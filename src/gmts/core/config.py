@@ -1,4 +1,9 @@
-"""SelectionConfig: which tokens the policy loss trains on, and how the loss is normalised."""
+"""SelectionConfig: which tokens the policy loss trains on, and how the loss is normalised.
+
+``SelectionConfig`` is the one owner of every selection setting, ``normalize`` and
+``kl_tokens`` included: :class:`gmts.core.loss.LossConfig` reads them from the selection it
+holds. The TRL (``gmts_*``) and verl (``gmts.*``) dialects are generated from its fields.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,35 @@ from typing import Any
 
 from gmts.core._config_utils import check_choice
 from gmts.core._config_utils import help_meta as _help
-from gmts.core.loss import KL_TOKEN_MODES, KL_TOKENS_HELP, NORMALIZE_HELP, NORMALIZE_MODES
 from gmts.core.objectives import OMEGA_METHODS
-from gmts.core.scores import available_scores
+from gmts.core.scores import available_scores, score_help
 from gmts.core.selection import COUNT_RULES, SCOPES, THRESHOLD_RULES, TIE_RULES
 
-__all__ = ["SelectionConfig", "SELECTION_PRESETS", "SELECTION_UNITS", "ZERO_SCORE_RULES"]
+__all__ = [
+    "KL_TOKEN_MODES",
+    "NORMALIZE_MODES",
+    "SELECTION_PRESETS",
+    "SELECTION_UNITS",
+    "ZERO_SCORE_RULES",
+    "SelectionConfig",
+]
 
 SELECTION_UNITS = ("mini-batch", "micro-batch")
 ZERO_SCORE_RULES = ("select", "skip")
+NORMALIZE_MODES = ("selected", "all", "per-group")
+KL_TOKEN_MODES = ("selected", "all")
+
+NORMALIZE_HELP = (
+    "Loss divisor with a selection: selected (1/S_rho as a token-mean over the batch: the "
+    "paper's eq. 2, for GRPO and DAPO alike), all (the objective's own aggregation over all "
+    "valid tokens, unselected tokens contributing 0: TRL) or per-group (the objective's "
+    "aggregation within each question group over all its valid tokens, the groups summed: the "
+    "authors' standalone code; also without a selection)."
+)
+KL_TOKENS_HELP = (
+    "Tokens that carry the KL penalty: selected (KL inside l, eq. 2) or all (every valid "
+    "token, as every existing implementation)."
+)
 
 
 @dataclass(frozen=True)
@@ -28,8 +53,7 @@ class SelectionConfig:
     score: str = field(
         default="gmts",
         metadata=_help(
-            "Token score: gmts (|entropy*omega|, the paper), entropy (ETS), omega, logit-grad, "
-            "random, or none (train on every token: plain GRPO/DAPO)."
+            f"Token score: {score_help()}; or none (train on every token: plain GRPO/DAPO)."
         ),
     )
     ratio: float = field(

@@ -3,8 +3,9 @@
 Everything an engine needs to turn per-token objectives into the loss it back-propagates lives
 here, so the standalone trainer, TRL and verl compute it the same way:
 
-- :class:`LossConfig`: the objective plus how the loss is normalised (``normalize``) and which
-  tokens carry the KL (``kl_tokens``);
+- :class:`LossConfig`: the objective plus the selection the loss trains on, whose
+  ``normalize`` (how the loss is normalised) and ``kl_tokens`` (which tokens carry the KL) are
+  read from it: :class:`~gmts.core.config.SelectionConfig` is their one owner;
 - :class:`TokenSums`: a small float64 vector of per-token sums (counts, clip counts, entropy,
   KL) of a batch. Sums add up over micro-batches and over ranks, so an engine reduces them with
   its own collective, once, and reads divisors and metrics from the result;
@@ -35,16 +36,17 @@ difference and GRPO's aggregation gives eq. 1, DAPO's gives DAPO's token-mean.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from gmts.core import distributed as dist_utils
-from gmts.core._config_utils import check_choice
 from gmts.core._config_utils import help_meta as _help
 from gmts.core.aggregation import Aggregation, get_aggregation
+from gmts.core.config import KL_TOKEN_MODES, NORMALIZE_MODES, SelectionConfig
 from gmts.core.objectives import ObjectiveConfig, ObjectiveInputs, TokenObjective
 from gmts.core.objectives import objective_terms as _objective_terms
 from gmts.core.objectives.inputs import as_mask
@@ -59,22 +61,7 @@ __all__ = [
     "policy_loss",
 ]
 
-NORMALIZE_MODES = ("selected", "all", "per-group")
-KL_TOKEN_MODES = ("selected", "all")
-
 _EQ2 = get_aggregation("token-mean")
-
-NORMALIZE_HELP = (
-    "Loss divisor with a selection: selected (1/S_rho as a token-mean over the batch: the "
-    "paper's eq. 2, for GRPO and DAPO alike), all (the objective's own aggregation over all "
-    "valid tokens, unselected tokens contributing 0: TRL) or per-group (the objective's "
-    "aggregation within each question group over all its valid tokens, the groups summed: the "
-    "authors' standalone code; also without a selection)."
-)
-KL_TOKENS_HELP = (
-    "Tokens that carry the KL penalty: selected (KL inside l, eq. 2) or all (every valid "
-    "token, as every existing implementation)."
-)
 
 
 @dataclass(frozen=True)
@@ -287,16 +274,28 @@ def applied_aggregation(objective: ObjectiveConfig, normalize: str, selection: b
     return get_aggregation(objective.aggregation)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class LossConfig:
-    """Everything that turns per-token objectives into one loss (see the module docstring)."""
+    """Everything that turns per-token objectives into one loss (see the module docstring).
+
+    ``LossConfig(objective, selection, horizon)``; ``normalize`` and ``kl_tokens`` are the
+    selection's (read-only here: :class:`SelectionConfig` owns them). The keywords
+    ``normalize=`` and ``kl_tokens=`` of older versions still work, with a DeprecationWarning
+    naming the new spelling.
+    """
 
     objective: ObjectiveConfig = field(
         default_factory=ObjectiveConfig,
         metadata=_help("The policy objective: its terms, KL and aggregation."),
     )
-    normalize: str = field(default="selected", metadata=_help(NORMALIZE_HELP))
-    kl_tokens: str = field(default="selected", metadata=_help(KL_TOKENS_HELP))
+    selection: SelectionConfig = field(
+        default_factory=SelectionConfig,
+        metadata=_help(
+            "The selection the loss trains on: its normalize and kl_tokens are the loss's "
+            "divisor rule and KL tokens (with a selection mask; without one they do not apply, "
+            "but normalize='per-group')."
+        ),
+    )
     horizon: int | None = field(
         default=None,
         metadata=_help(
@@ -305,13 +304,45 @@ class LossConfig:
         ),
     )
 
+    def __init__(
+        self,
+        objective: ObjectiveConfig | None = None,
+        selection: SelectionConfig | None = None,
+        horizon: int | None = None,
+        *,
+        normalize: str | None = None,
+        kl_tokens: str | None = None,
+    ) -> None:
+        objective = ObjectiveConfig() if objective is None else objective
+        selection = SelectionConfig() if selection is None else selection
+        if not isinstance(selection, SelectionConfig):
+            raise ValueError(
+                f"selection must be a SelectionConfig, got {type(selection).__name__} (since "
+                "normalize and kl_tokens belong to SelectionConfig, LossConfig's second "
+                "argument is the selection)"
+            )
+        moved = {k: v for k, v in (("normalize", normalize), ("kl_tokens", kl_tokens)) if v}
+        if moved:
+            old = ", ".join(f"{k}={v!r}" for k, v in moved.items())
+            verb = "belongs" if len(moved) == 1 else "belong"
+            warnings.warn(
+                f"LossConfig({old}) is deprecated: {' and '.join(moved)} {verb} to "
+                f"SelectionConfig; write LossConfig(objective, SelectionConfig({old})) or "
+                "LossConfig.of(objective, selection)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            selection = replace(selection, **moved)
+        object.__setattr__(self, "objective", objective)
+        object.__setattr__(self, "selection", selection)
+        object.__setattr__(self, "horizon", horizon)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         if not isinstance(self.objective, ObjectiveConfig):
             raise ValueError(
                 f"objective must be an ObjectiveConfig, got {type(self.objective).__name__}"
             )
-        check_choice("normalize", self.normalize, NORMALIZE_MODES)
-        check_choice("kl_tokens", self.kl_tokens, KL_TOKEN_MODES)
         if self.horizon is not None and (
             isinstance(self.horizon, bool) or not isinstance(self.horizon, int) or self.horizon < 1
         ):
@@ -322,17 +353,22 @@ class LossConfig:
                 "LossConfig.horizon (the maximum response length)"
             )
 
+    @property
+    def normalize(self) -> str:
+        """``selection.normalize``: the loss's divisor rule with a selection."""
+        return self.selection.normalize
+
+    @property
+    def kl_tokens(self) -> str:
+        """``selection.kl_tokens``: the tokens that carry the KL."""
+        return self.selection.kl_tokens
+
     @classmethod
     def of(
-        cls, objective: ObjectiveConfig, selection: Any, *, horizon: int | None = None
+        cls, objective: ObjectiveConfig, selection: SelectionConfig, *, horizon: int | None = None
     ) -> LossConfig:
-        """The loss of ``objective`` trained on ``selection``'s tokens (a SelectionConfig)."""
-        return cls(
-            objective,
-            normalize=selection.normalize,
-            kl_tokens=selection.kl_tokens,
-            horizon=horizon,
-        )
+        """The loss of ``objective`` trained on ``selection``'s tokens."""
+        return cls(objective, selection, horizon)
 
     def aggregation(self, selection: bool) -> Aggregation:
         """The aggregation applied (:func:`applied_aggregation`)."""
@@ -399,40 +435,6 @@ class LossConfig:
 # the loss
 
 
-def _checked_loss_inputs(
-    logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    config: LossConfig,
-    selected: torch.Tensor | None,
-    ref_logprobs: torch.Tensor | None,
-    entropy: torch.Tensor | None,
-    denominators: LossDenominators | None,
-    group_ids: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`policy_loss`'s arguments checked (ValueError naming the bad one); returns
-    ``(mask, selected)`` as ``(B, T)`` bool tensors (``selected`` None when not given)."""
-    if not isinstance(config, LossConfig):
-        raise ValueError(f"config must be a LossConfig, got {type(config).__name__}")
-    if denominators is not None and not isinstance(denominators, LossDenominators):
-        raise ValueError(
-            f"denominators must be LossDenominators, got {type(denominators).__name__}"
-        )
-    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
-        raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
-    mask = as_mask(mask, logprobs, "mask")
-    if selected is not None:
-        selected = as_mask(selected, logprobs, "selected")
-    if entropy is not None and (
-        not isinstance(entropy, torch.Tensor) or entropy.shape != logprobs.shape
-    ):
-        raise ValueError(f"entropy must be a torch.Tensor of shape {tuple(logprobs.shape)}")
-    if config.objective.kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("ref_logprobs (B, T) are required when kl_coef > 0")
-    if config.normalize == "per-group" and group_ids is None:
-        raise ValueError("normalize='per-group' needs group_ids (B,)")
-    return mask, selected
-
-
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -453,16 +455,15 @@ def policy_loss(
         logprobs: ``(B, T)`` log pi_theta of the sampled tokens (with gradient).
         old_logprobs: ``(B, T)`` log pi_old. advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
         mask: ``(B, T)`` bool response mask.
-        config: the objective, ``normalize`` and ``kl_tokens`` (default: ``LossConfig()``,
-            DAPO's clip range without KL, eq. 2 normalisation).
+        config: the objective, and the selection's ``normalize`` and ``kl_tokens`` (default:
+            ``LossConfig()``, DAPO's clip range without KL, eq. 2 normalisation).
         selected: ``(B, T)`` bool selection, or None (train on every valid token).
         ref_logprobs: ``(B, T)`` log pi_ref, required when the objective's kl_coef > 0.
         entropy: ``(B, T)``, only for the entropy sums of the returned record.
-        denominators: the mini-batch's divisors from :meth:`LossConfig.denominators` on its
-            reduced :class:`TokenSums` (for micro-batching and several ranks: the micro-batch
-            losses then add up to the mini-batch loss, and rank losses to the global loss, so
-            gradients must be SUMMED over ranks; DDP averages them, so multiply by the world
-            size there). None: this batch's own divisors.
+        denominators: the mini-batch's divisors (:meth:`LossConfig.denominators` on its
+            reduced :class:`TokenSums`, or :func:`gmts.selection_step`'s): micro-batch and rank
+            losses then add up to the global loss (gradients SUMMED over ranks; the step's
+            ``averaged_over`` for DDP). None: this batch's own divisors.
         importance_weights: ``(B,)``/``(B, 1)``/``(B, T)`` detached rollout-correction weights
             >= 0 that multiply the policy term (as the objective applies them; never the KL),
             or None.
@@ -470,24 +471,21 @@ def policy_loss(
 
     Returns:
         ``(loss, sums)``: the scalar loss to minimise and this batch's (unreduced)
-        :class:`TokenSums`, with clip, advantage, entropy (if given) and KL (if
-        ``ref_logprobs``) sums for metrics.
+        :class:`TokenSums` (clip, advantage, entropy if given, KL if ``ref_logprobs``).
     """
     config = LossConfig() if config is None else config
-    mask, selected = _checked_loss_inputs(
-        logprobs, mask, config, selected, ref_logprobs, entropy, denominators, group_ids
-    )
+    _check_loss_inputs(config, logprobs, entropy, denominators, ref_logprobs, group_ids)
+    mask = as_mask(mask, logprobs, "mask")
+    if selected is not None:
+        selected = as_mask(selected, logprobs, "selected")
     objective = config.objective
+
     # Padding never reaches the objective (r = 1, D = 0 there), so garbage log-probs at
     # masked positions (inf, nan, huge ratios) cannot leak nan into the gradients.
     inputs = ObjectiveInputs.of(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        ref_logprobs=ref_logprobs,
-        importance_weights=importance_weights,
-    )
+        logprobs, old_logprobs, advantages, mask,
+        ref_logprobs=ref_logprobs, importance_weights=importance_weights,
+    )  # fmt: skip
     parts = _objective_terms(objective, inputs)
     carriers = mask & selected if selected is not None else mask  # P
     sums = TokenSums._build(
@@ -500,39 +498,43 @@ def policy_loss(
     )
     if denominators is None:
         denominators = config.denominators(sums, mask=mask, group_ids=group_ids)
-    loss = _aggregated_loss(
-        config, parts, carriers, mask, denominators, group_ids, selected is not None, logprobs.dtype
-    )
-    return loss, sums
-
-
-def _aggregated_loss(
-    config: LossConfig,
-    parts: TokenObjective,
-    carriers: torch.Tensor,
-    mask: torch.Tensor,
-    denominators: LossDenominators,
-    group_ids: torch.Tensor | None,
-    selective: bool,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """The scalar loss of :func:`policy_loss` from its per-token terms ``parts`` (``(B, T)``
-    surrogate and KL): the policy term over the ``carriers`` P (``(B, T)`` bool: selected and
-    valid), the KL term over P or every valid token (``config.kl_tokens``), each aggregated as
-    ``config`` says (``selective``: a selection was given) and divided by its denominator;
-    ``normalize='per-group'`` scales each row by its group's divisor (in ``dtype``, the
-    log-probs') first."""
-    objective = config.objective
-    aggregation = config.aggregation(selective)
+    aggregation = config.aggregation(selected is not None)
     surrogate, kl = parts.surrogate, parts.kl
     if config.normalize == "per-group":
         if denominators.group_ids is None:
             raise ValueError("normalize='per-group' needs per-group denominators")
-        row_scale = denominators.row_scale(group_ids.long())[:, None].to(dtype)
+        row_scale = denominators.row_scale(group_ids.long())[:, None].to(logprobs.dtype)
         surrogate, kl = surrogate * row_scale, kl * row_scale
     loss = aggregation.total(-surrogate, carriers, mask) / denominators.policy
     if objective.kl_coef > 0:
         kl_carriers = carriers if config.kl_tokens == "selected" else mask
         kl_term = aggregation.total(kl, kl_carriers, mask) / denominators.kl
         loss = loss + objective.kl_coef * kl_term
-    return loss
+    return loss, sums
+
+
+def _check_loss_inputs(
+    config: Any,
+    logprobs: Any,
+    entropy: Any,
+    denominators: Any,
+    ref_logprobs: Any,
+    group_ids: Any,
+) -> None:
+    """ValueError naming the first argument of :func:`policy_loss` that cannot be used."""
+    if not isinstance(config, LossConfig):
+        raise ValueError(f"config must be a LossConfig, got {type(config).__name__}")
+    if denominators is not None and not isinstance(denominators, LossDenominators):
+        raise ValueError(
+            f"denominators must be LossDenominators, got {type(denominators).__name__}"
+        )
+    if not isinstance(logprobs, torch.Tensor) or logprobs.dim() != 2:
+        raise ValueError("logprobs must be a torch.Tensor of shape (B, T)")
+    if entropy is not None and (
+        not isinstance(entropy, torch.Tensor) or entropy.shape != logprobs.shape
+    ):
+        raise ValueError(f"entropy must be a torch.Tensor of shape {tuple(logprobs.shape)}")
+    if config.objective.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("ref_logprobs (B, T) are required when kl_coef > 0")
+    if config.normalize == "per-group" and group_ids is None:
+        raise ValueError("normalize='per-group' needs group_ids (B,)")

@@ -3,18 +3,26 @@
 Scores never carry gradients. Built-in names: ``"entropy"`` (ETS), ``"gmts"`` (|E * omega|,
 the paper's delta), ``"random"`` (seeded control), ``"omega"`` (|omega|, ablation) and
 ``"logit-grad"`` (|omega| * G, G the exact logit-gradient norm of Proposition 3.1).
+
+A score is also how a new selection rule plugs in: its ``requires`` names what it reads of
+:class:`ScoreInputs` (the statistics, the log-probs, the advantages), every engine fills exactly
+those (:func:`gmts.select_for_update`), and an engine that cannot feed one refuses the score
+when it is configured (:mod:`gmts.core.support`). A rule that keeps the tokens meeting a
+condition is a 0/1 score with ``ratio=1`` and ``zero_scores="skip"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
 from gmts._registry import Registry
 
 __all__ = [
+    "STATISTICS",
     "ScoreInputs",
     "ScoreFn",
     "Score",
@@ -23,6 +31,7 @@ __all__ = [
     "get_score",
     "available_scores",
     "compute_scores",
+    "score_help",
 ]
 
 
@@ -35,14 +44,28 @@ class ScoreInputs:
         omega: gradient coefficient from :func:`gmts.gradient_coefficient`.
         logit_grad_norm: G_t from :func:`gmts.token_statistics` (``logit_grad_norm=True``).
         mask: ``(B, T)`` bool response mask (gives the shape to scores that need nothing else).
+        logprobs: the current policy's log-probs of the sampled tokens (detached).
+        old_logprobs: the rollout policy's.
+        ref_logprobs: the reference policy's (None without a KL term).
+        advantages: the advantages, broadcast to ``(B, T)``.
         seed: seed of the random score's generator (callers pass config seed + step).
+        process_group: the ranks the selection is global over (None: this process): a score
+            that needs batch statistics (a mean, a covariance) all-reduces over it.
+        selection: the ``SelectionConfig`` being applied: a rule's own parameters are its
+            fields (None when a score is computed outside a selection).
     """
 
     entropy: torch.Tensor | None = None
     omega: torch.Tensor | None = None
     logit_grad_norm: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
     seed: int = 0
+    process_group: Any = None
+    selection: Any = None
 
 
 ScoreFn = Callable[[ScoreInputs], torch.Tensor]
@@ -50,23 +73,33 @@ ScoreFn = Callable[[ScoreInputs], torch.Tensor]
 
 @dataclass(frozen=True)
 class Score:
-    """A registered score: its function and the ScoreInputs fields it reads."""
+    """A registered score: its function, the ScoreInputs fields it reads, one line of help."""
 
     fn: ScoreFn
     requires: frozenset[str]
+    help: str = ""
 
 
 _SCORES: Registry[Score] = Registry("score", reserved=("none",))
-_INPUT_FIELDS = frozenset(f.name for f in fields(ScoreInputs)) - {"seed"}
+_INPUT_FIELDS = frozenset(f.name for f in fields(ScoreInputs)) - {
+    "seed",
+    "process_group",
+    "selection",
+}
+
+STATISTICS = frozenset({"entropy", "omega", "logit_grad_norm"})
+"""The ScoreInputs fields that come from a forward pass of the model (an engine may lack some;
+the others, mask, log-probs and advantages, every engine has at its update)."""
 
 
 def register_score(
-    name: str, requires: set[str] | frozenset[str] = frozenset()
+    name: str, requires: set[str] | frozenset[str] = frozenset(), *, help: str = ""
 ) -> Callable[[ScoreFn], ScoreFn]:
     """Decorator registering ``fn(inputs: ScoreInputs) -> (B, T)`` under ``name``.
 
-    ``requires`` names the ScoreInputs fields the score reads (so callers compute only those).
-    A duplicate name raises ValueError.
+    ``requires`` names the ScoreInputs fields the score reads (so callers compute only those);
+    ``help`` is its line in ``SelectionConfig.score``'s help (the built-in scores') and in the
+    engines' generated option help. A duplicate name raises ValueError.
     """
     unknown = set(requires) - _INPUT_FIELDS
     if unknown:
@@ -75,10 +108,17 @@ def register_score(
         )
 
     def decorator(fn: ScoreFn) -> ScoreFn:
-        _SCORES.add(name, Score(fn, frozenset(requires)))
+        _SCORES.add(name, Score(fn, frozenset(requires), help))
         return fn
 
     return decorator
+
+
+def score_help() -> str:
+    """The registered scores with their help, in registration order (``name (help), ...``)."""
+    return ", ".join(
+        f"{name} ({_SCORES.get(name).help})" if _SCORES.get(name).help else name for name in _SCORES
+    )
 
 
 def available_scores() -> list[str]:
@@ -125,31 +165,35 @@ def _t(x: torch.Tensor | None) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-@register_score("entropy", requires={"entropy"})
-def entropy_score(inputs: ScoreInputs) -> torch.Tensor:
-    """ETS: the token's entropy E_t."""
-    return _t(inputs.entropy)
-
-
-@register_score("gmts", requires={"entropy", "omega"})
+@register_score("gmts", requires={"entropy", "omega"}, help="|entropy*omega|, the paper")
 def gmts_score(inputs: ScoreInputs) -> torch.Tensor:
     """GMTS: delta_t = |E_t * omega_t| (the paper's eq. 2 score)."""
     return (_t(inputs.entropy) * _t(inputs.omega)).abs()
 
 
-@register_score("omega", requires={"omega"})
+@register_score("entropy", requires={"entropy"}, help="ETS")
+def entropy_score(inputs: ScoreInputs) -> torch.Tensor:
+    """ETS: the token's entropy E_t."""
+    return _t(inputs.entropy)
+
+
+@register_score("omega", requires={"omega"}, help="|omega|, ablation")
 def omega_score(inputs: ScoreInputs) -> torch.Tensor:
     """Ablation: |omega_t| alone."""
     return _t(inputs.omega).abs()
 
 
-@register_score("logit-grad", requires={"omega", "logit_grad_norm"})
+@register_score(
+    "logit-grad",
+    requires={"omega", "logit_grad_norm"},
+    help="|omega| times the logit-gradient norm, ablation",
+)
 def logit_grad_score(inputs: ScoreInputs) -> torch.Tensor:
     """|omega_t| * G_t: the exact norm of the token's loss gradient w.r.t. its logits."""
     return (_t(inputs.omega) * _t(inputs.logit_grad_norm)).abs()
 
 
-@register_score("random", requires={"mask"})
+@register_score("random", requires={"mask"}, help="uniform, a control")
 def random_score(inputs: ScoreInputs) -> torch.Tensor:
     """Control: uniform [0, 1) scores from a CPU torch.Generator seeded with ``inputs.seed``
     (never the global RNG), so a seed gives the same scores on every device."""

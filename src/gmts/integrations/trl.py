@@ -1,7 +1,8 @@
 """GMTS / ETS token selection inside TRL's ``GRPOTrainer`` (TRL >= 1.10), without a fork.
 
-``GMTSGRPOConfig`` adds the core ``SelectionConfig`` fields (prefixed ``gmts_``) to
-``GRPOConfig``; ``GMTSGRPOTrainer`` replaces only ``_compute_loss``:
+``GMTSGRPOConfig`` (:mod:`gmts.integrations.trl_config`) adds the core ``SelectionConfig``
+fields, generated with the prefix ``gmts_``, and ``gmts_preset`` to ``GRPOConfig``;
+``GMTSGRPOTrainer`` replaces only ``_compute_loss``:
 
 1. one forward pass (TRL's own ``_get_per_token_logps_and_entropies``) gives the current
    log-probs (with gradient) and entropies of the micro-batch;
@@ -12,13 +13,14 @@
    weights; omega is computed from exactly the tensors TRL's loss uses: current, old
    (``old_per_token_logps``, or the detached current ones when TRL skips them, so r = 1) and
    reference log-probs, the advantages and those weights;
-3. the tokens are selected by the configured score over the selection unit on every
-   accelerate process together (one global threshold; ``gmts_count`` says how many);
-4. the loss is the core's ``policy_loss`` with a ``LossConfig``: ``gmts_normalize="selected"``
-   is the paper's eq. 2 (a token-mean over the selected tokens of the selection unit on all
-   processes, whatever ``loss_type``; divisors from ``LossConfig.denominators``);
-   ``gmts_normalize="all"`` keeps exactly the divisor of TRL's ``loss_type`` (what TRL's
-   ``top_entropy_quantile`` and the authors' code do);
+3. the core's selection step (:func:`gmts.core.step.selection_step`, as the standalone trainer
+   and verl): the tokens selected by the configured score over the selection unit on every
+   accelerate process together (one global threshold; ``gmts_count`` says how many), their
+   counts and the loss's divisors: ``gmts_normalize="selected"`` is the paper's eq. 2 (a
+   token-mean over the selected tokens of the selection unit on all processes, whatever
+   ``loss_type``); ``gmts_normalize="all"`` keeps exactly the divisor of TRL's ``loss_type``
+   (the engine's own divisor: what TRL's ``top_entropy_quantile`` and the authors' code do);
+4. the loss is the core's ``policy_loss`` with those divisors;
 5. TRL's entropy bonus (``entropy_coef``, ``use_adaptive_entropy``, with TRL's own adaptive
    controller) is added as TRL adds it, on the tokens the policy term trains on: the GMTS
    selection takes the place of TRL's entropy mask.
@@ -29,32 +31,52 @@ of one gradient-accumulation window on all processes (the paper's mini-batch); w
 its first micro-batch. ``'micro-batch'`` selects each micro-batch (on all processes) on its
 own, as TRL's own ``top_entropy_quantile`` does.
 
-Rejected when the trainer is built: TRL's own entropy mask (``top_entropy_quantile < 1``: the
-GMTS selection replaces it), and the few option values no core objective expresses exactly
-(:meth:`TRLLossOptions.problems` names the obstacle).
+Why the window's forward stays (read in TRL 1.16's ``grpo_trainer.py``): TRL computes a
+micro-batch's log-probs and entropies only inside its ``_compute_loss``, with gradients, one
+micro-batch at a time, each followed by its backward pass; its generation step
+(``_generate_and_score_completions``) stores no entropies at all, and old log-probs only when
+``gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0`` or under vLLM
+importance sampling (and from the rollout weights, stale after the first optimizer step of a
+generation). So a selection over the whole step that reads entropies or the current policy's
+omega has no TRL state to read before the first backward: holding every micro-batch's graph
+instead would cost the memory accumulation exists to save. The forward is skipped when the
+score reads nothing of the model (``random``: its inputs are the masks alone).
+
+Rejected when the trainer is built (:func:`~gmts.integrations.trl_config.check_trl_args`):
+the settings TRL cannot run (:data:`~gmts.integrations.trl_config.TRL_SUPPORT`), TRL's own
+entropy mask (``top_entropy_quantile < 1``: the GMTS selection replaces it), and the few
+option values no core objective expresses exactly (:meth:`TRLLossOptions.problems` names the
+obstacle).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from gmts.core.config import SelectionConfig
-from gmts.core.loss import LossConfig, LossDenominators, TokenSums, policy_loss
+from gmts.core.loss import LossConfig, TokenSums, policy_loss
 from gmts.core.objectives import ObjectiveConfig
-from gmts.core.step import select_for_update
+from gmts.core.scores import score_requirements
+from gmts.core.step import OwnDivisor, SelectionStep, UpdateBatch, UpdateLayout, selection_step
+from gmts.integrations.trl_config import (
+    TRL_SUPPORT,
+    GMTSGRPOConfig,
+    check_trl_args,
+    gmts_args,
+)
 from gmts.integrations.trl_loss import LOSS_TYPES, PolicyFactors, TRLLossOptions, policy_factors
 from gmts.integrations.trl_state import TRLStepState
 
 __all__ = [
     "GMTSGRPOConfig",
     "GMTSGRPOTrainer",
-    "GMTSSelection",
     "SUPPORTED_LOSS_TYPES",
+    "TRL_SUPPORT",
     "check_trl_args",
     "gmts_args",
 ]
@@ -76,189 +98,20 @@ _EXTRA_MODEL_INPUTS = (
     "image_position_ids",
 )
 
-_CORE_FIELDS = {f.name: f for f in fields(SelectionConfig)}
-
-
-def _core_help(name: str) -> str:
-    """Help text of ``SelectionConfig.<name>`` (one source of truth for the documentation)."""
-    return str(_CORE_FIELDS[name].metadata.get("help", ""))
-
-
-def _default(name: str) -> Any:
-    """Default of ``SelectionConfig.<name>``."""
-    return _CORE_FIELDS[name].default
-
-
-@dataclass
-class GMTSGRPOConfig(GRPOConfig):
-    """``GRPOConfig`` plus the GMTS token-selection settings (``gmts_*``, see ``SelectionConfig``).
-
-    Defaults are the paper's: GMTS score, top 20% of the tokens, normalised by the selected
-    count, KL on the selected tokens. ``gmts_score="none"`` trains on every token (plain TRL
-    loss computed by the core, useful as a control).
-    """
-
-    gmts_score: str = field(default=_default("score"), metadata={"help": _core_help("score")})
-    gmts_ratio: float = field(default=_default("ratio"), metadata={"help": _core_help("ratio")})
-    gmts_largest: bool = field(
-        default=_default("largest"), metadata={"help": _core_help("largest")}
-    )
-    gmts_scope: str = field(
-        default=_default("scope"),
-        metadata={"help": _core_help("scope") + " In TRL only 'batch' and 'sequence' apply."},
-    )
-    gmts_unit: str = field(
-        default=_default("unit"),
-        metadata={
-            "help": _core_help("unit")
-            + " In TRL the mini-batch is the optimizer step (all accumulated micro-batches); "
-            "with gradient_accumulation_steps > 1 it costs one extra no-grad forward per step."
-        },
-    )
-    gmts_count: str = field(default=_default("count"), metadata={"help": _core_help("count")})
-    gmts_ties: str = field(default=_default("ties"), metadata={"help": _core_help("ties")})
-    gmts_zero_scores: str = field(
-        default=_default("zero_scores"), metadata={"help": _core_help("zero_scores")}
-    )
-    gmts_omega: str = field(default=_default("omega"), metadata={"help": _core_help("omega")})
-    gmts_omega_weighting: bool = field(
-        default=_default("omega_weighting"), metadata={"help": _core_help("omega_weighting")}
-    )
-    gmts_normalize: str = field(
-        default=_default("normalize"), metadata={"help": _core_help("normalize")}
-    )
-    gmts_kl_tokens: str = field(
-        default=_default("kl_tokens"), metadata={"help": _core_help("kl_tokens")}
-    )
-    gmts_seed: int | None = field(
-        default=None,
-        metadata={"help": _core_help("seed") + " None: use the trainer's `seed`."},
-    )
-    gmts_vespo_trl_padding: bool = field(
-        default=False,
-        metadata={
-            "help": "loss_type='vespo' with a vLLM token IS range [C_min, C_max] that excludes "
-            "1: reproduce TRL 1.16's loss exactly. TRL's VESPO weight then sums the log IS "
-            "ratio over every position of the micro-batch, padding included, where its ratio "
-            "is 1 clipped to the range (truncate) or 0 (mask: log 1e-8 each), so a row's "
-            "weight depends on its padding. False: such a range is refused."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.gmts_selection_config()  # validates the gmts_* fields now, not at the first step
-
-    def gmts_selection_config(self) -> SelectionConfig:
-        """The core ``SelectionConfig`` these arguments describe."""
-        values = {name: getattr(self, f"gmts_{name}") for name in _CORE_FIELDS}
-        if values["seed"] is None:
-            values["seed"] = int(self.seed)
-        try:
-            return SelectionConfig(**values)
-        except ValueError as err:
-            raise ValueError(f"invalid gmts_* setting: {err}") from err
-
-
-def gmts_args(selection: SelectionConfig) -> dict[str, Any]:
-    """The ``gmts_*`` keyword arguments of :class:`GMTSGRPOConfig` for a core SelectionConfig
-    (e.g. ``GMTSGRPOConfig(**trl_kwargs, **gmts_args(SelectionConfig.preset("trl")))``)."""
-    return {f"gmts_{name}": getattr(selection, name) for name in _CORE_FIELDS}
-
-
-def check_trl_args(args: Any) -> None:
-    """Raise ``ValueError`` listing every TRL option GMTSGRPOTrainer cannot honour.
-
-    Args:
-        args: a ``GMTSGRPOConfig``.
-    """
-    if not isinstance(args, GMTSGRPOConfig):
-        raise ValueError(
-            f"GMTSGRPOTrainer needs args=GMTSGRPOConfig(...), got {type(args).__name__}"
-        )
-    problems: list[str] = []
-    selection = args.gmts_selection_config()
-    problems.extend(TRLLossOptions.from_args(args).problems())
-    if args.top_entropy_quantile < 1.0:
-        problems.append(
-            "top_entropy_quantile < 1 is TRL's own entropy mask, which the GMTS selection "
-            "replaces; set it to 1.0 and use gmts_score='entropy' with gmts_ratio and the 'trl' "
-            "preset (gmts_count='quantile', gmts_zero_scores='select', gmts_unit='micro-batch', "
-            "gmts_normalize='all', gmts_kl_tokens='all') to reproduce TRL's loss"
-        )
-    if (
-        selection.unit == "mini-batch"
-        and selection.enabled
-        and args.steps_per_generation is not None
-        and args.steps_per_generation % args.gradient_accumulation_steps != 0
-    ):
-        problems.append(
-            "gmts_unit='mini-batch' needs steps_per_generation to be a multiple of "
-            "gradient_accumulation_steps (an optimizer step must not span two generations)"
-        )
-    if selection.normalize == "per-group":
-        problems.append(
-            "gmts_normalize='per-group' (the reference-code preset) divides each question "
-            "group by its own token count; TRL's micro-batches shuffle a group's answers across "
-            "steps and processes: use 'selected' or 'all'"
-        )
-    if selection.enabled and selection.scope == "group":
-        problems.append(
-            "gmts_scope='group' is not available in TRL: its micro-batches shuffle the rows of a "
-            "question group across steps and processes; use 'batch' or 'sequence'"
-        )
-    if problems:
-        raise ValueError(
-            "GMTSGRPOTrainer cannot honour these settings:\n- " + "\n- ".join(problems)
-        )
-
-
-@dataclass(frozen=True)
-class GMTSSelection:
-    """The selection a micro-batch trains on.
-
-    Attributes:
-        selected: ``(B, T)`` bool mask of this micro-batch, or None (score 'none').
-        unit_sums: token counts of the whole selection unit (this micro-batch, or every
-            micro-batch of the optimizer step) summed over all processes; None without a
-            selection.
-        threshold: the unit's score threshold (None without a selection).
-    """
-
-    selected: torch.Tensor | None
-    unit_sums: TokenSums | None
-    threshold: float | None
-
-
-@dataclass(frozen=True)
-class _ScoredMicroBatch:
-    """One buffered micro-batch of the selection window, scored without gradient; every
-    tensor ``(B, T)`` (``ref_logprobs`` None without a KL term)."""
-
-    logprobs: torch.Tensor
-    entropy: torch.Tensor
-    old_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    mask: torch.Tensor
-    ref_logprobs: torch.Tensor | None
-    policy: PolicyFactors
-
 
 @dataclass(frozen=True)
 class _WindowSelection:
-    """The selection over one optimizer step's micro-batches (``gmts_unit='mini-batch'``).
+    """The selection step over one optimizer step's micro-batches (``gmts_unit='mini-batch'``).
 
     Attributes:
         start: the window's first TRL step (the cache key).
-        masks: buffered slot -> ``(B, T)`` bool selection of that micro-batch.
-        threshold: the window's score threshold.
-        unit_sums: the window's token counts over all processes.
+        step: the core's selection step over the window's rows (all micro-batches, in order).
+        rows: buffered slot -> its rows of the window.
     """
 
     start: int
-    masks: dict[int, torch.Tensor]
-    threshold: float | None
-    unit_sums: TokenSums
+    step: SelectionStep
+    rows: dict[int, slice]
 
 
 class GMTSGRPOTrainer(GRPOTrainer):
@@ -382,34 +235,63 @@ class GMTSGRPOTrainer(GRPOTrainer):
             and TRLStepState.of(self).accumulation > 1
         )
 
-    def _gmts_scored(
-        self, model: torch.nn.Module, batch: dict[str, Any], options: TRLLossOptions
-    ) -> _ScoredMicroBatch:
-        """One micro-batch scored as its training forward will be (no gradient)."""
+    def _gmts_update_batch(
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, Any],
+        options: TRLLossOptions,
+        *,
+        forward: bool,
+    ) -> tuple[UpdateBatch, PolicyFactors | None]:
+        """One buffered micro-batch as the core's :class:`UpdateBatch`, scored as its training
+        forward will be (no gradient); ``forward=False`` (a score that reads nothing of the
+        model): no forward, zero log-probs that nothing reads, no policy factors."""
+        mask = self._gmts_mask(batch)
+        if not forward:
+            zeros = torch.zeros(mask.shape, device=mask.device)  # (B, T), never read
+            return UpdateBatch(zeros, zeros, batch["advantages"], mask), None
         logprobs, entropy, _ = self._gmts_forward(model, batch)
         old_logprobs, ref_logprobs = self._gmts_score_inputs(batch, logprobs)
         policy = self._gmts_policy(options, batch, logprobs, old_logprobs)
         advantages = policy.advantages
         advantages = advantages[:, None] if advantages.dim() == 1 else advantages
-        return _ScoredMicroBatch(
+        update = UpdateBatch(
             logprobs=logprobs.detach(),
-            entropy=entropy.detach().float(),
             old_logprobs=old_logprobs,
             advantages=advantages.expand_as(logprobs),
-            mask=self._gmts_mask(batch),
+            response_mask=mask,
+            entropy=entropy.detach().float(),
             ref_logprobs=ref_logprobs,
-            policy=policy,
+            importance_weights=policy.importance_weights,
+        )
+        return update, policy
+
+    def _gmts_layout(self, mode: str, *, spans_step: bool, own: OwnDivisor | None) -> UpdateLayout:
+        """TRL's update around a selection step: global over accelerate's processes (its own
+        collective), gradients averaged over them (DDP), and a unit smaller than the optimizer
+        step accumulated ``current_gradient_accumulation_steps`` times in training."""
+        accumulated = 1
+        if mode == "train" and not spans_step:
+            accumulated = int(self.current_gradient_accumulation_steps)
+        return UpdateLayout(
+            process_group=self._gmts_process_group(),
+            reduce_sum=self._gmts_reduce,
+            averaged_over=int(self.accelerator.num_processes),
+            accumulated=accumulated,
+            own_divisor=own,
         )
 
     @torch.no_grad()
     def _gmts_window(
         self, model: torch.nn.Module, loss_config: LossConfig, options: TRLLossOptions
     ) -> _WindowSelection:
-        """Select over every micro-batch of the current optimizer step (all processes).
+        """The selection step over every micro-batch of the current optimizer step (all
+        processes).
 
         One no-grad forward over the window's micro-batches (TRL's buffered slices) with the
         parameters this optimizer step differentiates at, so scores equal those of the
-        training forwards. Cached per window.
+        training forwards (the module docstring says why TRL's state cannot replace it); none
+        for a score that reads nothing of the model. Cached per window.
         """
         state = TRLStepState.of(self)
         start = state.window_start
@@ -417,39 +299,43 @@ class GMTSGRPOTrainer(GRPOTrainer):
         if cached is not None and cached.start == start:
             return cached
         slots = state.window_slots()
-        scored = [self._gmts_scored(model, state.buffered_inputs[slot], options) for slot in slots]
+        forward = bool(score_requirements(self.gmts_selection.score) - {"mask"})
+        scored = [
+            self._gmts_update_batch(model, state.buffered_inputs[slot], options, forward=forward)
+            for slot in slots
+        ]
+        batches = [update for update, _ in scored]
 
-        def cat(name: str) -> torch.Tensor:  # (accumulation * B, T)
-            return torch.cat([getattr(b, name) for b in scored], dim=0)
+        def cat(name: str) -> torch.Tensor | None:  # (accumulation * B, ...)
+            values = [getattr(b, name) for b in batches]
+            return None if values[0] is None else torch.cat(values, dim=0)
 
         objective = loss_config.objective
-        paddings = {b.policy.vespo_padding_weight for b in scored} - {None}
+        paddings = {p.vespo_padding_weight for _, p in scored if p is not None} - {None}
         if paddings:  # one generation's micro-batches: TRL gives their padding one ratio
             if len(paddings) > 1:
                 raise RuntimeError(f"TRL's IS ratio outside the mask differs: {paddings}")
             objective = replace(objective, vespo_padding_weight=paddings.pop())
-        weights = [b.policy.importance_weights for b in scored]
-        mask = cat("mask")
-        result = select_for_update(
-            self.gmts_selection,
-            objective,
+        window = UpdateBatch(
             logprobs=cat("logprobs"),
             old_logprobs=cat("old_logprobs"),
             advantages=cat("advantages"),
-            response_mask=mask,
+            response_mask=cat("response_mask"),
             entropy=cat("entropy"),
             ref_logprobs=cat("ref_logprobs") if self.beta != 0.0 else None,
-            process_group=self._gmts_process_group(),
+            importance_weights=cat("importance_weights"),
+        )
+        step = selection_step(
+            replace(loss_config, objective=objective),
+            window,
+            layout=self._gmts_layout("train", spans_step=True, own=None),
             step=start,
-            importance_weights=None if weights[0] is None else torch.cat(weights, dim=0),
         )
-        rows = [b.mask.shape[0] for b in scored]
-        cache = _WindowSelection(
-            start=start,
-            masks=dict(zip(slots, torch.split(result.selected, rows, dim=0))),
-            threshold=result.threshold,
-            unit_sums=TokenSums.count(mask, result.selected).reduced(self._gmts_reduce),
-        )
+        offsets, rows = 0, {}
+        for slot, b in zip(slots, batches):
+            rows[slot] = slice(offsets, offsets + b.num_rows)
+            offsets += b.num_rows
+        cache = _WindowSelection(start=start, step=step, rows=rows)
         self._gmts_window_cache = cache
         return cache
 
@@ -466,11 +352,11 @@ class GMTSGRPOTrainer(GRPOTrainer):
         entropy: torch.Tensor,
         old_logprobs: torch.Tensor,
         ref_logprobs: torch.Tensor | None,
-    ) -> GMTSSelection:
-        """The selection of this micro-batch: from its step's window, or of its own."""
-        if not self.gmts_selection.enabled:
-            return GMTSSelection(selected=None, unit_sums=None, threshold=None)
+    ) -> SelectionStep:
+        """The core's selection step for this micro-batch: its part of its optimizer step's
+        window, or its own; TRL's ``loss_type`` divisor is the engine's own divisor."""
         mask = self._gmts_mask(inputs)
+        own = self._trl_divisor(options, inputs, mask, mode)
         if self._gmts_uses_step_unit(mode):
             window = self._gmts_window(model, loss_config, options)
             state = TRLStepState.of(self)
@@ -479,38 +365,36 @@ class GMTSGRPOTrainer(GRPOTrainer):
                     "gmts_unit='mini-batch' could not match this micro-batch to TRL's buffered "
                     "generation batch; use gmts_unit='micro-batch'"
                 )
-            return GMTSSelection(
-                selected=window.masks[state.slot] & mask,
-                unit_sums=window.unit_sums,
-                threshold=window.threshold,
-            )
-        result = select_for_update(
-            self.gmts_selection,
-            loss_config.objective,
-            logprobs=logprobs.detach(),
+            return window.step.part(window.rows[state.slot], own)
+        batch = UpdateBatch(
+            logprobs=logprobs,
             old_logprobs=old_logprobs,
             advantages=policy.advantages,
             response_mask=mask,
             entropy=entropy.detach().float(),
             ref_logprobs=ref_logprobs,
-            process_group=self._gmts_process_group(),
-            step=TRLStepState.of(self).step,
             importance_weights=policy.importance_weights,
         )
-        unit_sums = TokenSums.count(mask, result.selected).reduced(self._gmts_reduce)
-        return GMTSSelection(result.selected, unit_sums, result.threshold)
+        return selection_step(
+            loss_config,
+            batch,
+            layout=self._gmts_layout(mode, spans_step=False, own=own),
+            step=TRLStepState.of(self).step,
+        )
 
     def _trl_divisor(
         self, options: TRLLossOptions, inputs: dict[str, Any], mask: torch.Tensor, mode: str
-    ) -> tuple[float | None, float]:
-        """``(divisor, accumulation scale)`` of TRL 1.16's ``loss_type`` for this micro-batch
+    ) -> OwnDivisor:
+        """TRL 1.16's ``loss_type`` divisor and accumulation scale for this micro-batch
         (:class:`gmts.integrations.trl_loss.DivisorInputs`)."""
         divisor = options.loss_type_entry.divisor
-        return divisor(
-            TRLStepState.of(self).divisor_inputs(
-                rows=int(mask.shape[0]),
-                num_items_in_batch=inputs.get("num_items_in_batch"),
-                train=mode == "train",
+        return OwnDivisor(
+            *divisor(
+                TRLStepState.of(self).divisor_inputs(
+                    rows=int(mask.shape[0]),
+                    num_items_in_batch=inputs.get("num_items_in_batch"),
+                    train=mode == "train",
+                )
             )
         )
 
@@ -525,7 +409,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
         options = self._gmts_options()
         policy = self._gmts_policy(options, inputs, logprobs, old_logprobs)
         loss_config = self._gmts_loss_config(options, policy.vespo_padding_weight)
-        selection = self._gmts_select(
+        chosen = self._gmts_select(
             model,
             inputs,
             loss_config,
@@ -537,39 +421,24 @@ class GMTSGRPOTrainer(GRPOTrainer):
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
         )
-
-        divisor, scale = self._trl_divisor(options, inputs, mask, mode)
-        denominators = None if divisor is None else LossDenominators(divisor, divisor)
-        if selection.selected is not None and loss_config.normalize == "selected":
-            # Paper eq. 2: divide by the selection unit's counts on every process (the core's
-            # rule); DDP averages the per-process gradients, hence the division by n_proc. A
-            # unit spanning the accumulation window needs no further accumulation scaling.
-            n_proc = self.accelerator.num_processes
-            unit = loss_config.denominators(selection.unit_sums)
-            denominators = LossDenominators(unit.policy / n_proc, unit.kl / n_proc)
-            if self._gmts_uses_step_unit(mode):
-                scale = 1.0
-            else:
-                scale = float(self.current_gradient_accumulation_steps if mode == "train" else 1)
-
         loss, sums = policy_loss(
             logprobs,
             old_logprobs,
             policy.advantages,
             mask,
             loss_config,
-            selected=selection.selected,
+            selected=chosen.selected,
             ref_logprobs=ref_logprobs,
             entropy=entropy.detach().float(),
-            denominators=denominators,
+            denominators=chosen.denominators,
             importance_weights=policy.importance_weights,
         )
         unscaled = loss.detach()
-        loss = loss / scale
+        loss = loss / chosen.scale
         if self._entropy_bonus_enabled:
             # the bonus acts on the tokens the policy term trains on, as TRL's acts on
             # mask * entropy_mask: the GMTS selection takes the place of TRL's entropy mask
-            carriers = mask if selection.selected is None else mask & selection.selected
+            carriers = mask if chosen.selected is None else mask & chosen.selected
             loss = loss - self._gmts_entropy_bonus(entropy, carriers, mode, unscaled)
         if aux_loss is not None:
             accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
@@ -577,7 +446,7 @@ class GMTSGRPOTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(
                 self.accelerator.gather_for_metrics(aux_loss.detach()).mean().item()
             )
-        self._gmts_log(mode, sums.reduced(self._gmts_reduce), selection, options)
+        self._gmts_log(mode, sums.reduced(self._gmts_reduce), chosen, options)
         return loss
 
     def _gmts_entropy_bonus(
@@ -631,9 +500,10 @@ class GMTSGRPOTrainer(GRPOTrainer):
         return bonus
 
     def _gmts_log(
-        self, mode: str, sums: TokenSums, selection: GMTSSelection, options: TRLLossOptions
+        self, mode: str, sums: TokenSums, chosen: SelectionStep, options: TRLLossOptions
     ) -> None:
-        """Global (all-process) selection metrics through TRL's ``self._metrics``."""
+        """Global (all-process) selection metrics through TRL's ``self._metrics``: the loss's
+        token sums of this micro-batch, and the selection unit's counts and threshold."""
         m = sums.metrics()
         metrics = self._metrics[mode]
         metrics["gmts/selected_fraction"].append(m["selected_fraction"])
@@ -642,11 +512,11 @@ class GMTSGRPOTrainer(GRPOTrainer):
         metrics["gmts/clip_fraction_selected"].append(m["clip_fraction_selected"])
         metrics["gmts/entropy_selected"].append(m["entropy_selected_mean"])
         metrics["gmts/entropy_all"].append(m["entropy_mean"])
-        if selection.unit_sums is not None:
-            metrics["gmts/unit_selected_tokens"].append(selection.unit_sums["selected_tokens"])
-            metrics["gmts/unit_valid_tokens"].append(selection.unit_sums["valid_tokens"])
-        if selection.threshold is not None:
-            metrics["gmts/score_threshold"].append(float(selection.threshold))
+        if chosen.selected is not None:
+            unit = chosen.metrics()
+            metrics["gmts/unit_selected_tokens"].append(unit["selected_tokens"])
+            metrics["gmts/unit_valid_tokens"].append(unit["valid_tokens"])
+            metrics["gmts/score_threshold"].append(unit["score_threshold"])
         # TRL's usual keys, so its dashboards keep working
         metrics["entropy"].append(m["entropy_mean"])
         if options.loss_type_entry.objective.clip_metrics:  # TRL's, for its ppo losses

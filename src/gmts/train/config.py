@@ -448,10 +448,12 @@ class TrainConfig:
     objective: ObjectiveConfig | None = _f(
         None,
         "Clipped surrogate and KL (gmts.core ObjectiveConfig); fields given here override the "
-        "algorithm's preset.",
+        "algorithm's preset (objective.preset: another ObjectiveConfig preset).",
     )
     selection: SelectionConfig = _f(
-        help="Token selection (gmts.core SelectionConfig); score 'none' trains on all tokens.",
+        help="Token selection (gmts.core SelectionConfig); score 'none' trains on all tokens. "
+        "selection.preset (paper, reference-code, trl) starts from SelectionConfig.preset; the "
+        "section's other keys override it.",
         default_factory=SelectionConfig,
     )
     optim: OptimConfig = _f(help="Optimizer and batching.", default_factory=OptimConfig)

@@ -5,13 +5,14 @@ The order matters for exactness; :func:`train_minibatch` is what
 
 1. the scores come from the CURRENT policy: the rollout policy's statistics (the batch's
    ``old``) while the policy has not changed since the rollout; otherwise one no-grad pass;
-2. :func:`select_minibatch`: ONE selection over the whole mini-batch, global across ranks
-   (per micro-batch when ``selection.unit == "micro-batch"``, as TRL), and, when logged, its
+2. :func:`select_minibatch`: the core's one selection step (:func:`gmts.core.step.
+   selection_step`, which TRL and verl call too): ONE selection over the whole mini-batch,
+   global across ranks (per micro-batch when ``selection.unit == "micro-batch"``, as TRL), its
+   global token counts and the loss divisors for the whole mini-batch, and, when logged, its
    overlap with the GMTS/ETS partner's selection from the same score inputs (one more top-k);
-3. :func:`update_minibatch`: the loss divisors once for the whole mini-batch, global across
-   ranks (``LossConfig.denominators``), so micro-batch losses add up to the mini-batch loss
-   and accumulation is exact; gradients summed over ranks, checked for finiteness, clipped and
-   applied once.
+3. :func:`update_minibatch`: micro-batch losses with those divisors add up to the mini-batch
+   loss, so accumulation is exact; gradients summed over ranks, checked for finiteness,
+   clipped and applied once.
 
 When the step is one update on one micro-batch, the trainer makes that micro-batch's forward
 with gradients first: it gives the old log-probs (the policy IS the rollout policy) and the
@@ -32,7 +33,8 @@ from gmts.core.distributed import all_reduce_sum
 from gmts.core.logprobs import TokenStatistics
 from gmts.core.loss import LossConfig, TokenSums, policy_loss
 from gmts.core.objectives import ObjectiveConfig
-from gmts.core.step import select_for_update
+from gmts.core.step import SelectionOverlap, SelectionStep, UpdateBatch, UpdateLayout
+from gmts.core.step import selection_step as core_selection_step
 from gmts.scale.distributed import DistInfo
 from gmts.scale.strategy import Strategy
 from gmts.train.batch import ScoredBatch
@@ -41,16 +43,7 @@ from gmts.train.scoring import TokenScorer, micro_slices, needs_logit_grad_norm
 OVERLAP_PARTNER = {"gmts": "entropy", "entropy": "gmts"}
 """The selection compared with for ``select/gmts_ets_jaccard``: GMTS with ETS and back."""
 
-
-@dataclass(frozen=True)
-class Overlap:
-    """Tokens in both / either of the run's selection and its partner's (global counts)."""
-
-    both: float
-    either: float
-
-    def __add__(self, other: Overlap) -> Overlap:
-        return Overlap(self.both + other.both, self.either + other.either)
+Overlap = SelectionOverlap  # the name this module gave it before the core owned it
 
 
 @dataclass(frozen=True)
@@ -72,21 +65,7 @@ class UpdateResult:
     grad_norm: float
     applied: bool
     sums: TokenSums
-    overlap: Overlap | None = None
-
-
-@dataclass(frozen=True)
-class MinibatchSelection:
-    """One mini-batch's selection on this rank.
-
-    Attributes:
-        selected: ``(B, T)`` bool, or None for score 'none' (every valid token trains).
-        overlap: with the GMTS/ETS partner's selection (global counts), or None when not asked
-            for or the score has no partner.
-    """
-
-    selected: torch.Tensor | None
-    overlap: Overlap | None = None
+    overlap: SelectionOverlap | None = None
 
 
 def train_minibatch(
@@ -108,12 +87,19 @@ def train_minibatch(
     """Steps 1-3 of the module docstring on this rank's rows of one mini-batch.
 
     Args:
+        selection: ``loss.selection`` (the one owner of the selection settings; a different
+            one is an error).
         policy_changed: an update has run since the rollout: the selection scores come from a
             no-grad pass of the current policy instead of the rollout policy's statistics.
         overlap: also measure the selection's overlap with its GMTS/ETS partner's.
         forward: see :func:`update_minibatch`.
         step: the optimizer step (seeds the random score).
     """
+    if selection != loss.selection:
+        raise ValueError(
+            "selection differs from loss.selection: build the loss with "
+            "LossConfig.of(objective, selection)"
+        )
     current = batch.old
     if policy_changed and selection.enabled:
         current = scorer.no_grad(
@@ -131,12 +117,13 @@ def train_minibatch(
         info=strategy.info,
         step=step,
         overlap=overlap,
+        horizon=loss.horizon,
     )
     result = update_minibatch(
         model,
         optimizer,
         batch,
-        chosen.selected,
+        chosen,
         scorer=scorer,
         loss=loss,
         micro_batch_size=micro_batch_size,
@@ -157,57 +144,42 @@ def select_minibatch(
     info: DistInfo,
     step: int,
     overlap: bool = False,
-) -> MinibatchSelection:
-    """The selection of this rank's rows of the mini-batch (global over ranks), scored with
-    the current policy's ``(B, T)`` ``current`` statistics and the batch's correction weights.
-
-    With ``selection.unit == "micro-batch"`` each micro-batch (the i-th of every rank together)
-    is selected on its own; otherwise the whole mini-batch at once (the paper). With
-    ``overlap``, a GMTS or ETS selection is also compared with the partner score's selection
-    under the same settings, from the same inputs (``select_for_update(compare_with=...)``:
-    one more score and top-k, no second selection step).
-    """
-    if not selection.enabled:
-        return MinibatchSelection(None)
+    horizon: int | None = None,
+) -> SelectionStep:
+    """The core's selection step (:func:`gmts.core.step.selection_step`) on this rank's rows
+    of the mini-batch, scored with the current policy's ``(B, T)`` ``current`` statistics and
+    the batch's correction weights: the selection (global over ranks; each micro-batch of
+    ``micro_batch_size`` rows on its own with ``selection.unit == "micro-batch"``), the
+    mini-batch's global counts and the loss divisors (``horizon``: ``LossConfig.horizon``).
+    With ``overlap``, a GMTS or ETS selection is also compared with the partner score's
+    selection under the same settings, from the same inputs (one more score and top-k)."""
     partner = OVERLAP_PARTNER.get(selection.score) if overlap else None
-    size = micro_batch_size if selection.unit == "micro-batch" else batch.num_rows
-    parts, partner_parts = [], []
-    for s in micro_slices(batch.num_rows, size):
-        rows = batch.rows(s)
-        result = select_for_update(
-            selection,
-            objective,
-            logprobs=current.logprobs[s],
-            old_logprobs=rows.old_logprobs,
-            advantages=rows.advantages,
-            response_mask=rows.response_mask,
-            entropy=current.entropy[s],
-            ref_logprobs=rows.ref_logprobs,
-            logit_grad_norm=(
-                None if current.logit_grad_norm is None else current.logit_grad_norm[s]
-            ),
-            group_ids=rows.group_ids,
-            process_group=info.group,
-            step=step,
-            importance_weights=rows.importance_weights,
-            compare_with=partner,
-        )
-        parts.append(result.selected)
-        partner_parts.append(result.compared)
-    selected = torch.cat(parts)
-    if partner is None:
-        return MinibatchSelection(selected)
-    other = torch.cat(partner_parts)
-    counts = torch.stack([(selected & other).sum(), (selected | other).sum()]).double()
-    both, either = all_reduce_sum(counts, info.group).tolist()
-    return MinibatchSelection(selected, Overlap(both, either))
+    update = UpdateBatch(
+        logprobs=current.logprobs,
+        old_logprobs=batch.old_logprobs,
+        advantages=batch.advantages,
+        response_mask=batch.response_mask,
+        entropy=current.entropy,
+        ref_logprobs=batch.ref_logprobs,
+        logit_grad_norm=current.logit_grad_norm,
+        group_ids=batch.group_ids,
+        importance_weights=batch.importance_weights,
+    )
+    # (normalize='per-group': every question group is whole on its rank)
+    return core_selection_step(
+        LossConfig.of(objective, selection, horizon=horizon),
+        update,
+        layout=UpdateLayout(process_group=info.group, unit_rows=micro_batch_size),
+        step=step,
+        compare_with=partner,
+    )
 
 
 def update_minibatch(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: ScoredBatch,
-    selected: torch.Tensor | None,
+    chosen: SelectionStep,
     *,
     scorer: TokenScorer,
     loss: LossConfig,
@@ -216,8 +188,8 @@ def update_minibatch(
     strategy: Strategy,
     forward: TokenStatistics | None = None,
 ) -> UpdateResult:
-    """One optimizer step on this rank's rows of a mini-batch, trained on ``selected``
-    (``(B, T)`` bool; None: every valid token).
+    """One optimizer step on this rank's rows of a mini-batch, trained on ``chosen``'s
+    selection with its divisors (:func:`select_minibatch`).
 
     The divisors come from the whole mini-batch's token counts over every rank, once; the
     micro-batches of ``micro_batch_size`` rows then each back-propagate their share of one
@@ -228,15 +200,16 @@ def update_minibatch(
             gradients, from a forward already made (one micro-batch only): the loss reuses it
             instead of running the model again. None: each micro-batch runs its forward.
     """
+    if not isinstance(chosen, SelectionStep):
+        raise ValueError(
+            f"chosen must be the SelectionStep of select_minibatch, got {type(chosen).__name__}"
+        )
     if forward is not None and batch.num_rows > micro_batch_size:
         raise ValueError(
             f"forward= is one micro-batch's statistics, but the mini-batch has "
             f"{batch.num_rows} rows > micro_batch_size={micro_batch_size}"
         )
-    group = strategy.info.group
-    counts = TokenSums.count(batch.response_mask, selected).all_reduce(group)
-    # (normalize='per-group': every question group is whole on its rank)
-    denominators = loss.denominators(counts, mask=batch.response_mask, group_ids=batch.group_ids)
+    selected = chosen.selected
     # the optimizer's own list: under FSDP, model.parameters() can be the gathered (unsharded)
     # tensors between a forward and its backward; the sharded ones hold the gradients
     params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
@@ -254,10 +227,12 @@ def update_minibatch(
             selected=None if selected is None else selected[s],
             ref_logprobs=rows.ref_logprobs,
             entropy=stats.entropy,
-            denominators=denominators,
+            denominators=chosen.denominators,
             group_ids=rows.group_ids,
             importance_weights=rows.importance_weights,
         )
+        if chosen.scale != 1.0:
+            micro_loss = micro_loss / chosen.scale
         # backward even when not finite: every rank must reach the same collectives (FSDP's
         # reduce-scatters run inside backward); the step is then skipped on every rank
         finite = finite and bool(torch.isfinite(micro_loss))
@@ -324,6 +299,5 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
         out["update/kl_mean"] = m["kl_mean"]
     overlaps = [r.overlap for r in results if r.overlap is not None]
     if overlaps:
-        total = sum(overlaps[1:], overlaps[0])
-        out["select/gmts_ets_jaccard"] = total.both / max(total.either, 1.0)
+        out["select/gmts_ets_jaccard"] = sum(overlaps[1:], overlaps[0]).jaccard
     return out

@@ -5,9 +5,9 @@ Usage::
     python -m gmts.integrations.verl [--config FILE.yaml] [--entry MODULE] [--dry-run] \\
         [gmts.KEY=VALUE ...] [verl hydra overrides ...]
 
-``gmts.KEY=VALUE`` sets a selection field (score, ratio, largest, scope, normalize, kl_tokens,
-seed), ``gmts.preset`` (paper, trl, reference-code) or ``gmts.score_inputs`` (current,
-rollout). ``--config`` reads a YAML file with a ``gmts:`` mapping and an ``overrides:`` list of
+``gmts.KEY=VALUE`` sets any ``SelectionConfig`` field, ``gmts.preset`` (paper, trl,
+reference-code) or ``gmts.score_inputs`` (current, rollout): ``--help`` lists them with their
+help, generated from the dataclasses (:func:`~gmts.integrations.verl.settings.verl_keys`). ``--config`` reads a YAML file with a ``gmts:`` mapping and an ``overrides:`` list of
 verl overrides (configs/verl/*.yaml); command-line items win over the file's. The launcher
 puts the settings in ``GMTS_VERL_SELECTION`` (here and, through
 ``ray_kwargs.ray_init.runtime_env.env_vars``, in every Ray worker) and then runs ``--entry``
@@ -22,11 +22,12 @@ import os
 import runpy
 import shlex
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gmts.integrations.verl.settings import ENV_VAR, GMTSVerlSettings
+from gmts.integrations.verl.settings import ENV_VAR, GMTSVerlSettings, verl_keys
 
 __all__ = ["main", "build_command"]
 
@@ -73,6 +74,8 @@ def build_command(argv: Sequence[str]) -> tuple[GMTSVerlSettings, str, list[str]
     parser = argparse.ArgumentParser(
         prog="python -m gmts.integrations.verl",
         description="verl PPO/GRPO/DAPO with GMTS token selection (gmts.KEY=VALUE overrides).",
+        epilog=keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", help="YAML file with 'gmts' settings and verl 'overrides'")
     parser.add_argument("--entry", default=DEFAULT_ENTRY, help="verl entry module to run")
@@ -104,6 +107,23 @@ def build_command(argv: Sequence[str]) -> tuple[GMTSVerlSettings, str, list[str]
     if _RUNTIME_ENV_KEY not in {_override_key(o) for o in overrides}:
         overrides.append(f"+{_RUNTIME_ENV_KEY}={settings.to_env_value(encoded=True)}")
     return settings, args.entry, overrides, args.dry_run
+
+
+def keys_help() -> str:
+    """The ``gmts.*`` keys with their defaults and help (``--help``'s epilog)."""
+    lines = ["gmts settings (gmts.KEY=VALUE):"]
+    for item in verl_keys():
+        lines.append(f"  {item.key}={item.default!r}")
+        lines.extend(
+            textwrap.wrap(
+                item.help,
+                88,
+                initial_indent=" " * 6,
+                subsequent_indent=" " * 6,
+                break_on_hyphens=False,  # names such as seq-mean-token-mean stay whole
+            )
+        )
+    return "\n".join(lines)
 
 
 def _check_overrides(settings: GMTSVerlSettings, overrides: list[str]) -> None:

@@ -26,16 +26,18 @@ gives padded ``(B, R)`` tensors, R = the longest response of the (mini- or micro
    matching core objective (:mod:`~gmts.integrations.verl.loss_modes`), with the importance
    weights that loss applies (verl's ``rollout_is_weights``; for ``bypass_mode`` the IS weights
    and rejections verl computes inside its loss) folded in by the core;
-3. exactly k = ceil(ratio * N) tokens selected over the mini-batch of all data-parallel ranks
-   (the core's ``select_for_update`` with the engine's DP group); the mask is stored per row as
+3. the core's selection step (:func:`gmts.core.step.selection_step`, as the standalone trainer
+   and TRL), with the engine's DP group: exactly k = ceil(ratio * N) tokens selected over the
+   mini-batch of all data-parallel ranks, their global counts and the loss's divisors; the
+   mask is stored per row as
    ``data["gmts_selected"]`` in the layout of ``response_mask`` (jagged nested when that is
    nested, padded otherwise), so it follows the rows through verl's micro-batching and
    reordering, and the global selected count S as ``gmts_num_selected``.
 
 The loss is verl's own policy loss function (its ``loss_mode``) on the full response mask with
 the unselected tokens' loss zeroed (:mod:`~gmts.integrations.verl.terms`), aggregated and
-divided by the core's rule (``gmts.core.loss.LossConfig``: its ``aggregation`` and
-``denominators`` on the mini-batch's global ``TokenSums``, computed once in
+divided by the core's rule (``gmts.core.loss.LossConfig``: its ``aggregation``, and the
+divisors of the selection step on the mini-batch's global counts, computed once in
 :func:`prepare_selection`): ``normalize='selected'`` is eq. 2, a token-mean over S whatever
 verl's ``loss_agg_mode``; ``normalize='all'`` keeps verl's aggregation counting every valid
 token (N for token-mean; per answer |o_i|, then the rows, for seq-mean-token-mean). The KL loss
@@ -53,9 +55,9 @@ from typing import Any
 import torch
 
 from gmts.core.config import SelectionConfig
-from gmts.core.loss import LossConfig, TokenSums
+from gmts.core.loss import LossConfig
 from gmts.core.objectives import ObjectiveConfig
-from gmts.core.step import select_for_update
+from gmts.core.step import UpdateBatch, UpdateLayout, selection_step
 from gmts.integrations.verl.actor_config import VERL_AGGREGATIONS, loss_mode_name
 from gmts.integrations.verl.loss_modes import (
     check_actor_config,
@@ -145,10 +147,47 @@ def prepare_selection(
         ``data``, with ``gmts_selected`` (bool, in the layout of ``response_mask``) and the
         non-tensor entries ``gmts_num_selected`` (global S, at least 1) and ``gmts_threshold``.
         Scores and selection are computed in float32 whatever the fields' dtype (V1 delivers
-        ``old_log_probs`` in bf16).
+        ``old_log_probs`` in bf16). Without a selection (score 'none'): ``data`` unchanged, so
+        the loss is verl's own ``ppo_loss``.
     """
     from verl.utils import tensordict_utils as tu
 
+    if not settings.selection.enabled:
+        return data
+    batch = _update_batch(data, settings, objective, actor_config, logprobs, entropy, process_group)
+    chosen = selection_step(
+        LossConfig.of(objective, settings.selection),
+        batch,
+        layout=UpdateLayout(process_group=process_group),  # verl's aggregation scales by DP
+        step=step,
+    )
+    response_mask = batch.response_mask
+    selected = response_mask if chosen.selected is None else chosen.selected & response_mask
+    counts, divisors = chosen.counts, chosen.denominators
+    data[SELECTED_KEY] = _like_response_mask(selected, data)
+    threshold = math.nan if chosen.threshold is None else float(chosen.threshold)
+    tu.assign_non_tensor(
+        data,
+        **{
+            NUM_SELECTED_KEY: max(counts["selected_tokens"], 1.0),
+            DIVISORS_KEY: (divisors.policy, divisors.kl),
+            THRESHOLD_KEY: threshold,
+        },
+    )
+    return data
+
+
+def _update_batch(
+    data: Any,
+    settings: GMTSVerlSettings,
+    objective: ObjectiveConfig,
+    actor_config: Any,
+    logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    process_group: Any,
+) -> UpdateBatch:
+    """The mini-batch's response fields as the core's :class:`UpdateBatch`: padded ``(B, R)``
+    float32 on the selection's device, with the importance weights verl's loss applies."""
     keys = ["response_mask", "old_log_probs", "advantages"]
     keys += [k for k in ("rollout_is_weights",) if k in data]
     if objective.kl_coef > 0:
@@ -180,33 +219,15 @@ def prepare_selection(
         importance_weights = mode.importance_weights(
             actor_config, current, old_logprobs, response_mask, batch_weights
         )
-    result = select_for_update(
-        settings.selection,
-        objective,
+    return UpdateBatch(
         logprobs=current,
         old_logprobs=old_logprobs,
         advantages=advantages,
         response_mask=response_mask,
         entropy=None if entropy is None else entropy.to(device).float(),
         ref_logprobs=ref_logprobs,
-        process_group=process_group,
-        step=step,
         importance_weights=importance_weights,
     )
-    selected = response_mask if result.selected is None else result.selected & response_mask
-    counts = TokenSums.count(response_mask, selected).all_reduce(process_group)
-    divisors = LossConfig.of(objective, settings.selection).denominators(counts)
-    data[SELECTED_KEY] = _like_response_mask(selected, data)
-    threshold = math.nan if result.threshold is None else float(result.threshold)
-    tu.assign_non_tensor(
-        data,
-        **{
-            NUM_SELECTED_KEY: max(counts["selected_tokens"], 1.0),
-            DIVISORS_KEY: (divisors.policy, divisors.kl),
-            THRESHOLD_KEY: threshold,
-        },
-    )
-    return data
 
 
 def _selection_device(
@@ -260,23 +281,20 @@ def gmts_ppo_loss(
             f"micro-batch has no {SELECTED_KEY!r}: the GMTS engine hook did not run on the "
             "mini-batch (is the gmts verl plugin registered in this worker process?)"
         )
-    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+    from verl.trainer.ppo.core_algos import agg_loss
     from verl.utils import tensordict_utils as tu
     from verl.utils.metric import AggregationType, Metric
 
     selection = settings.selection
     micro, entropy, ref_log_prob = _micro_batch(config, model_output, data, selection)
-    log_prob, response_mask, info = micro.log_prob, micro.response_mask, micro.info
-    selected = micro.keep.bool()
-    dp_size, batch_num_tokens = info["dp_size"], info["batch_num_tokens"]
-    global_batch_size, aggregation = info["global_batch_size"], micro.aggregation
+    response_mask, info = micro.response_mask, micro.info
+    batch_num_tokens = info["batch_num_tokens"]
     num_selected = tu.get_non_tensor_data(data=data, key=NUM_SELECTED_KEY, default=None)
     threshold = tu.get_non_tensor_data(data=data, key=THRESHOLD_KEY, default=math.nan)
-    divisors = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)
     uses_global_info = (
-        dp_size > 1
+        info["dp_size"] > 1
         or batch_num_tokens is not None
-        or global_batch_size is not None
+        or info["global_batch_size"] is not None
         or config.loss_scale_factor is not None
     )
     metric_aggregation = AggregationType.SUM if uses_global_info else AggregationType.MEAN
@@ -293,15 +311,8 @@ def gmts_ppo_loss(
         metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
 
     if config.use_kl_loss:
-        kld = kl_penalty(
-            logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=config.kl_loss_type
-        )  # (B, R)
-        kl_carriers = selected if selection.kl_tokens == "selected" else response_mask
-        kld = torch.where(kl_carriers, kld, torch.zeros_like(kld))  # counted over the answer
-        kl_info = replace(micro, divisor=divisors[1]).verl_info(aggregation)
-        kl_loss = agg_loss(
-            loss_mat=kld, loss_mask=response_mask, loss_agg_mode=aggregation.name, **kl_info
-        )
+        kl_divisor = tu.get_non_tensor_data(data=data, key=DIVISORS_KEY, default=None)[1]
+        kl_loss = _kl_loss(config, micro, ref_log_prob, selection.kl_tokens, kl_divisor)
         loss = loss + kl_loss * config.kl_loss_coef
         metrics["kl_loss"] = Metric(value=kl_loss, aggregation=metric_aggregation)
         metrics["kl_coef"] = config.kl_loss_coef
@@ -310,6 +321,31 @@ def gmts_ppo_loss(
         metrics["gmts/selected_fraction"] = float(num_selected or 0) / float(batch_num_tokens)
         metrics["gmts/score_threshold"] = float(threshold)
     return loss, metrics
+
+
+def _kl_loss(
+    config: Any,
+    micro: MicroBatch,
+    ref_log_prob: torch.Tensor,
+    kl_tokens: str,
+    divisor: float,
+) -> torch.Tensor:
+    """verl's KL loss (its ``kl_penalty``) over the selected tokens (``kl_tokens='selected'``)
+    or every valid one, aggregated as the policy term and divided by the core's KL divisor."""
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+    kld = kl_penalty(
+        logprob=micro.log_prob, ref_logprob=ref_log_prob, kl_penalty=config.kl_loss_type
+    )  # (B, R)
+    carriers = micro.keep.bool() if kl_tokens == "selected" else micro.response_mask
+    kld = torch.where(carriers, kld, torch.zeros_like(kld))  # counted over the answer
+    kl_info = replace(micro, divisor=divisor).verl_info(micro.aggregation)
+    return agg_loss(
+        loss_mat=kld,
+        loss_mask=micro.response_mask,
+        loss_agg_mode=micro.aggregation.name,
+        **kl_info,
+    )
 
 
 def _micro_batch(

@@ -19,6 +19,7 @@ import torch
 
 from gmts._registry import Registry
 from gmts.core.objectives import ObjectiveConfig
+from gmts.core.support import refuse
 from gmts.integrations.verl import bypass, terms
 from gmts.integrations.verl.actor_config import (
     ROW_MEAN,
@@ -32,6 +33,7 @@ from gmts.integrations.verl.actor_config import (
     policy_loss_config,
     rollout_correction,
 )
+from gmts.integrations.verl.settings import ENGINE
 
 __all__ = [
     "LOSS_MODES",
@@ -332,7 +334,4 @@ def check_actor_config(config: Any, settings: Any) -> None:
     agg = str(field_of(config, "loss_agg_mode", "token-mean"))
     if agg not in VERL_AGGREGATIONS and not any(f"loss_agg_mode={agg!r}" in p for p in problems):
         problems.append(f"loss_agg_mode={agg!r}: GMTS covers verl's {list(VERL_AGGREGATIONS)}")
-    if problems:
-        raise ValueError(
-            "GMTS cannot honour these verl actor settings:\n- " + "\n- ".join(problems)
-        )
+    refuse(ENGINE, problems)

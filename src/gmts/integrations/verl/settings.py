@@ -5,6 +5,11 @@ our fields. The launcher (``python -m gmts.integrations.verl``) therefore takes 
 overrides, stores them as JSON in ``GMTS_VERL_SELECTION`` and forwards that variable to every
 Ray worker through ``ray_kwargs.ray_init.runtime_env.env_vars``. In each worker the plugin reads
 it back with :meth:`GMTSVerlSettings.from_env`. No variable: the plugin changes nothing.
+
+The ``gmts.*`` keys are generated from the dataclasses (:func:`verl_keys`: every
+``SelectionConfig`` field, ``gmts.preset`` and ``gmts.score_inputs``, with their help text);
+what the plugin cannot run is declared once (:data:`VERL_SUPPORT`) and refused by the core's
+:meth:`~gmts.core.support.EngineSupport.check`, in the words every engine uses.
 """
 
 from __future__ import annotations
@@ -13,20 +18,65 @@ import base64
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gmts.configuration import coerce, field_types, parse_value
-from gmts.core.config import SelectionConfig
+from gmts.configuration import DialectField, build, dialect_fields, parse_value
+from gmts.core.config import SELECTION_PRESETS, SelectionConfig
 from gmts.core.scores import score_requirements
+from gmts.core.support import GROUPS_SPLIT, EngineSupport, Unsupported
 
-__all__ = ["ENV_VAR", "SCORE_INPUTS", "GMTSVerlSettings"]
+__all__ = [
+    "ENGINE",
+    "ENV_VAR",
+    "PREFIX",
+    "SCORE_INPUTS",
+    "VERL_SUPPORT",
+    "GMTSVerlSettings",
+    "verl_keys",
+]
 
 ENV_VAR = "GMTS_VERL_SELECTION"
 SCORE_INPUTS = ("current", "rollout")
+ENGINE = "the verl plugin"
+PREFIX = "gmts."
 
-# Scores verl can feed: it has log-probs and entropies, never per-token logit-gradient norms.
-_VERL_SCORE_FIELDS = frozenset({"entropy", "omega"})
+_UNSUPPORTED = (
+    Unsupported(
+        "unit",
+        ("micro-batch",),
+        "it selects on each whole mini-batch before verl splits it (verl's micro-batches "
+        "differ in size across ranks)",
+        ("mini-batch",),
+    ),
+    Unsupported("scope", ("group",), GROUPS_SPLIT, ("batch", "sequence")),
+    Unsupported("normalize", ("per-group",), GROUPS_SPLIT, ("selected", "all"), always=True),
+)
+_NO_LOGIT_GRAD = "verl's forward gives log-probs and entropies, never logit-gradient norms"
+VERL_SUPPORT = {
+    "current": EngineSupport(ENGINE, PREFIX, _UNSUPPORTED, {"logit_grad_norm": _NO_LOGIT_GRAD}),
+    "rollout": EngineSupport(
+        ENGINE,
+        PREFIX,
+        _UNSUPPORTED,
+        {
+            "logit_grad_norm": _NO_LOGIT_GRAD,
+            "entropy": "verl 0.9 drops the rollout-time entropies after the old-log-prob "
+            "pass; use gmts.score_inputs=current (one extra no-grad pass)",
+        },
+    ),
+}
+"""What the verl plugin cannot run of a SelectionConfig, by ``score_inputs`` (one declaration)."""
+
+_SCORE_INPUTS_HELP = (
+    "Where the score's per-token quantities come from. current (default, exact): one extra "
+    "no-grad forward pass over each mini-batch with the parameters that mini-batch is about to "
+    "update, so omega uses the true ratio r, clip indicator I(r, A) and KL term, and the "
+    "entropy is the current one. rollout: no extra pass; the current log-probs are the batch's "
+    "old_log_probs (r = 1, I = 1: omega = A + beta * (pi_ref / pi_old - 1)), exact for the "
+    "first mini-batch of each step, stale for later ones; only for scores without entropy "
+    "(omega, random), because verl 0.9 drops the rollout-time entropies before the update."
+)
 
 
 @dataclass(frozen=True)
@@ -34,20 +84,15 @@ class GMTSVerlSettings:
     """Token selection inside verl.
 
     Attributes:
-        selection: the core ``SelectionConfig`` (score, ratio, largest, scope, normalize,
-            kl_tokens, seed).
-        score_inputs: where the score's per-token quantities come from.
-            ``"current"`` (default, exact): one extra no-grad forward pass over each mini-batch
-            with the parameters that mini-batch is about to update, so omega uses the true
-            ratio r, clip indicator I(r, A) and KL term, and the entropy is the current one.
-            ``"rollout"``: no extra pass; omega from the batch's ``old_log_probs`` (r = 1,
-            I = 1: omega = A + beta * (pi_ref / pi_old - 1)). Exact for the first mini-batch of
-            each step, stale for later ones. Only for scores without entropy ('omega',
-            'random'), because verl 0.9 drops the rollout-time entropies before the update.
+        selection: the core ``SelectionConfig`` (every ``gmts.<field>`` key).
+        score_inputs: where the score's per-token quantities come from (its help below).
     """
 
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
-    score_inputs: str = "current"
+    selection: SelectionConfig = field(
+        default_factory=SelectionConfig,
+        metadata={"help": "The core SelectionConfig: every gmts.<field> key."},
+    )
+    score_inputs: str = field(default="current", metadata={"help": _SCORE_INPUTS_HELP})
 
     def __post_init__(self) -> None:
         if not isinstance(self.selection, SelectionConfig):
@@ -58,37 +103,7 @@ class GMTSVerlSettings:
             raise ValueError(
                 f"score_inputs must be one of {list(SCORE_INPUTS)}, got {self.score_inputs!r}"
             )
-        if not self.selection.enabled:
-            return
-        if self.selection.unit != "mini-batch":
-            raise ValueError(
-                f"unit={self.selection.unit!r}: the verl plugin selects on each whole mini-batch "
-                "before verl splits it (its micro-batches differ in size across ranks); use "
-                "unit=mini-batch"
-            )
-        needs = score_requirements(self.selection.score)
-        if not needs <= _VERL_SCORE_FIELDS:
-            raise ValueError(
-                f"score {self.selection.score!r} needs {sorted(needs - _VERL_SCORE_FIELDS)}, which "
-                "verl does not compute; use gmts, entropy, omega or random"
-            )
-        if self.score_inputs == "rollout" and "entropy" in needs:
-            raise ValueError(
-                f"score {self.selection.score!r} needs entropies, which verl 0.9 drops after the "
-                "old-log-prob pass; use score_inputs='current' (one extra no-grad pass)"
-            )
-        if self.selection.normalize == "per-group":
-            raise ValueError(
-                "normalize='per-group' (the reference-code preset) divides each question group "
-                "by its own token count, so every group must be whole in one mini-batch on one "
-                "rank; verl spreads a group's answers over data-parallel ranks and mini-batches: "
-                "use normalize='selected' or 'all'"
-            )
-        if self.selection.scope == "group":
-            raise ValueError(
-                "scope='group' is not available in verl: a question group's answers are spread "
-                "over data-parallel ranks and mini-batches; use 'batch' or 'sequence'"
-            )
+        VERL_SUPPORT[self.score_inputs].check(self.selection)
 
     @property
     def needs_omega(self) -> bool:
@@ -103,38 +118,24 @@ class GMTSVerlSettings:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> GMTSVerlSettings:
-        """Inverse of :meth:`to_dict`; unknown keys raise ValueError naming them."""
-        selection_names = {f.name for f in fields(SelectionConfig)}
-        unknown = set(values) - selection_names - {"score_inputs"}
+        """Inverse of :meth:`to_dict` (``preset`` also works); unknown keys raise ValueError
+        naming them. Values are checked against the fields' types (:mod:`gmts.configuration`);
+        ``preset`` (paper, trl, reference-code) starts from ``SelectionConfig.preset``, the
+        other keys override it."""
+        values = dict(values)
+        keys = {item.key[len(PREFIX) :] for item in verl_keys()}
+        unknown = set(values) - keys
         if unknown:
-            raise ValueError(
-                f"unknown gmts settings {sorted(unknown)}; valid: "
-                f"{sorted(selection_names | {'score_inputs'})}"
-            )
-        selection = SelectionConfig(**{k: v for k, v in values.items() if k in selection_names})
-        return cls(selection=selection, score_inputs=values.get("score_inputs", "current"))
+            raise ValueError(f"unknown gmts settings {sorted(unknown)}; valid: {sorted(keys)}")
+        score_inputs = values.pop("score_inputs", "current")
+        selection = build(SelectionConfig, values, PREFIX.rstrip("."))
+        return cls(selection=selection, score_inputs=score_inputs)
 
     @classmethod
     def from_strings(cls, values: Mapping[str, str]) -> GMTSVerlSettings:
         """Build from command-line strings (``ratio="0.2"``, ``largest="false"``), each parsed
-        as YAML and checked against its field's type (:mod:`gmts.configuration`).
-
-        ``preset`` (paper, trl, reference-code) starts from ``SelectionConfig.preset``; the
-        other keys override it.
-        """
-        hints = field_types(SelectionConfig)
-        values = dict(values)
-        preset = values.pop("preset", None)
-        parsed: dict[str, Any] = {}
-        for key, raw in values.items():
-            if key not in hints:
-                continue  # from_dict names unknown keys
-            parsed[key] = coerce(parse_value(str(raw)), hints[key], f"gmts.{key}")
-        if preset is not None:  # presets may depend on the score
-            score = parsed.get("score", SelectionConfig().score)
-            parsed = asdict(SelectionConfig.preset(str(preset), score=score)) | parsed
-        unknown = {k: v for k, v in values.items() if k not in hints}
-        return cls.from_dict(parsed | unknown)
+        as YAML (:func:`gmts.configuration.parse_value`), then as :meth:`from_dict`."""
+        return cls.from_dict({key: parse_value(str(raw)) for key, raw in values.items()})
 
     def to_env_value(self, *, encoded: bool = False) -> str:
         """Compact JSON for ``GMTS_VERL_SELECTION``.
@@ -163,3 +164,19 @@ class GMTSVerlSettings:
         if not isinstance(values, dict):
             raise ValueError(f"{ENV_VAR} must hold a JSON object, got {raw!r}")
         return cls.from_dict(values)
+
+
+def verl_keys() -> list[DialectField]:
+    """The launcher's ``gmts.*`` keys: every SelectionConfig field (with its help and the
+    plugin's refusals), ``gmts.preset`` and ``gmts.score_inputs``."""
+    notes = VERL_SUPPORT["current"].notes()
+    preset = DialectField(
+        key=f"{PREFIX}preset",
+        field="preset",
+        type=str | None,
+        default=None,
+        help=f"A selection preset ({', '.join(SELECTION_PRESETS)}: SelectionConfig.preset); "
+        "the other gmts.* keys override it.",
+    )
+    own = [item for item in dialect_fields(GMTSVerlSettings, PREFIX) if item.field != "selection"]
+    return [*dialect_fields(SelectionConfig, PREFIX, notes), preset, *own]
