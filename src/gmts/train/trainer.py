@@ -78,7 +78,7 @@ from gmts.train.preemption import (
 )
 from gmts.train.restore import restore_trainer_state
 from gmts.train.run_folder import ResumeMode, RunStart, prepare_run_folder, record_start
-from gmts.train.scoring import TokenScorer, needs_logit_grad_norm
+from gmts.train.scoring import TokenScorer, check_forward_layout, needs_logit_grad_norm
 from gmts.train.signal_watch import ZERO_SIGNAL_STEPS, ZeroSignalWatch
 from gmts.train.sources import (
     DatasetSource,
@@ -316,13 +316,14 @@ class Trainer:
             )
 
     def _check_before_weights(self, load_path: str) -> Any:
-        """Before any weight is read: do the LoRA targets exist, does the longest prompt + the
-        budget fit the model, and does the run fit the device? Needs the source (its prompts)
-        and the tokenizer; gives ``prompt_tokens``, ``memory_plan`` and the model's config
-        (returned)."""
+        """Before any weight is read: do the LoRA targets exist, can ``model.forward_layout``
+        run the model, does the longest prompt + the budget fit the model, and does the run
+        fit the device? Needs the source (its prompts) and the tokenizer; gives
+        ``prompt_tokens``, ``memory_plan`` and the model's config (returned)."""
         remote = self.cfg.model.trust_remote_code
         model_config = load_model_config(load_path, trust_remote_code=remote)
         check_targets(model_config, self.cfg.model.lora, trust_remote_code=remote)
+        check_forward_layout(self.cfg.model.forward_layout, model_config)
         self.prompt_tokens = self._check_context(model_config, load_path)
         self.memory_plan = self._plan_memory(model_config)
         return model_config
@@ -361,6 +362,8 @@ class Trainer:
             temperature=r.temperature,
             chunk_size=cfg.model.logits_chunk_size,
             autocast=self.strategy.autocast,
+            layout=cfg.model.forward_layout,
+            forward_group=self.info.group if self.strategy.collective_forward else None,
         )
         self.loss = LossConfig.of(cfg.objective, cfg.selection, horizon=self.max_new_tokens)
         self.correction = RolloutCorrection(r.correction, r.correction_cap)
