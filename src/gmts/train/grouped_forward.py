@@ -222,8 +222,9 @@ def _response_call(
     bucket: tuple[int, ...],
     **stats: Any,
 ) -> _Piece:
-    """Step 2 for one bucket of rows: tokens ``0..L-2`` fed after their prompts' keys and
-    values; statistics of tokens ``1..L-1`` at the rows' real positions."""
+    """Step 2 for one bucket of rows, whose longest response has ``L + 1`` tokens: tokens
+    ``0..L-1`` fed after their prompts' keys and values; statistics of tokens ``1..L`` at the
+    rows' real positions."""
     from gmts.train.prefix_cache import prefix_cache
 
     device = rows.response_ids.device
@@ -231,7 +232,7 @@ def _response_call(
     members = torch.tensor(bucket, dtype=torch.long, device=device)  # (n,)
     groups = plan.row_prompt[members]  # (n,)
     fed = plan.fed_lengths
-    L = fed[bucket[0]]  # the longest row's response tokens fed
+    L = fed[bucket[0]]  # the longest row's tokens fed: its length - 1
     W = max(plan.prompt_lengths[g] for g in groups.tolist())  # the bucket's longest prompt
     store = prompts.mask.shape[1]
     prefix = [
