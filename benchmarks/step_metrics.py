@@ -6,6 +6,10 @@ Run it with each version's ``src`` first on the path and compare the two files::
     PYTHONPATH=<old checkout>/src python benchmarks/step_metrics.py /tmp/old.json
     PYTHONPATH=$PWD/src python benchmarks/step_metrics.py /tmp/new.json --compare /tmp/old.json
 
+``--set section.field=value`` adds an override to every run (e.g. ``model.forward_layout=padded``
+to compare a checkout from before that setting with the same layout). Rows the old file does
+not have (metrics added since) are listed apart; they are not differences.
+
 The runs are the trainer tests' small run (tests/train/_tiny.py: a 2-layer tiny model,
 4 questions x 4 answers, 3 steps) in both update layouts — one update on one micro-batch (the
 old log-probs come from the loss's own forward) and several mini-batches, epochs and
@@ -97,8 +101,11 @@ def _register_engine() -> None:
         SAMPLERS.add(ENGINE, HFWithLogprobs)
 
 
-def run_all(steps: int = 3) -> dict[str, list[dict[str, float]]]:
-    """``{run name: [metrics of step 1, 2, ...]}`` without the timing rows."""
+def run_all(
+    steps: int = 3, overrides_for_all: tuple[str, ...] = ()
+) -> dict[str, list[dict[str, float]]]:
+    """``{run name: [metrics of step 1, 2, ...]}`` without the timing rows;
+    ``overrides_for_all`` added to every run's."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "train"))
@@ -116,7 +123,7 @@ def run_all(steps: int = 3) -> dict[str, list[dict[str, float]]]:
             if any(o.startswith("rollout.correction=") for o in overrides):
                 extra.append(f"rollout.engine={ENGINE}")
             run_dir = Path(tmp) / name.replace(" ", "_").replace(",", "")
-            cfg = _tiny.small_config(model_dir, run_dir, *overrides, *extra)
+            cfg = _tiny.small_config(model_dir, run_dir, *overrides, *extra, *overrides_for_all)
             trainer = Trainer(cfg, reward_fn=_tiny.partial_credit)
             try:
                 history = trainer.run().history
@@ -129,8 +136,16 @@ def run_all(steps: int = 3) -> dict[str, list[dict[str, float]]]:
     return out
 
 
+def added_rows(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    """The metric names ``new`` has and ``old`` never had (in any run or step)."""
+    seen_old = {key for runs in old.values() for row in runs for key in row}
+    return sorted({key for runs in new.values() for row in runs for key in row} - seen_old)
+
+
 def differences(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
-    """Every value of ``old`` that ``new`` does not reproduce exactly (nan equals nan)."""
+    """Every value of ``old`` that ``new`` does not reproduce exactly (nan equals nan); rows
+    ``old`` never had are left out (:func:`added_rows`)."""
+    added = set(added_rows(new, old))
     found = []
     for name in sorted(set(old) | set(new)):
         a, b = new.get(name), old.get(name)
@@ -138,7 +153,7 @@ def differences(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
             found.append(f"{name}: runs differ ({a is None}, {b is None})")
             continue
         for step, (row_a, row_b) in enumerate(zip(a, b), 1):
-            for key in sorted(set(row_a) | set(row_b)):
+            for key in sorted((set(row_a) | set(row_b)) - added):
                 x, y = row_a.get(key), row_b.get(key)
                 same = x == y or (
                     isinstance(x, float)
@@ -156,13 +171,20 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--compare", type=Path, help="a file this script wrote earlier")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run"
+    )
     args = parser.parse_args()
-    metrics = run_all(args.steps)
+    metrics = run_all(args.steps, tuple(args.set))
     args.out.write_text(json.dumps(metrics, indent=1))
     if args.compare is not None:
-        found = differences(metrics, json.loads(args.compare.read_text()))
+        old = json.loads(args.compare.read_text())
+        found = differences(metrics, old)
         rows = sum(len(v) for v in metrics.values())
         print(f"{len(metrics)} runs, {rows} steps: {len(found)} differences")
+        added = added_rows(metrics, old)
+        if added:
+            print(f"rows the old file does not have: {', '.join(added)}")
         for line in found:
             print(line)
         sys.exit(1 if found else 0)

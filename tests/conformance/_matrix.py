@@ -284,6 +284,7 @@ def trainer_cell(
     from gmts.scale.precision import Precision
     from gmts.scale.strategy import Replicate
     from gmts.train.batch import ScoredBatch
+    from gmts.train.forward_plan import Positions
     from gmts.train.update import train_minibatch
 
     batch = fixed_batch() if batch is None else batch
@@ -311,6 +312,9 @@ def trainer_cell(
         def no_grad(self, model: Any, rows: Any, **_: Any) -> TokenStatistics:
             stats = self(model, rows)
             return TokenStatistics(stats.logprobs.detach(), stats.entropy, None)
+
+        def positions(self, rows: Any) -> Positions:
+            return Positions(0, 0)  # no model runs
 
     scorer, info = FixedScorer(), DistInfo()
     micro = B if cfg.unit == "micro-batch" else 2

@@ -18,6 +18,7 @@ from gmts.scale.strategy import Replicate
 from gmts.train.batch import ScoredBatch
 from gmts.train.config import load_config
 from gmts.train.correction import RolloutCorrection
+from gmts.train.forward_plan import Positions
 from gmts.train.update import select_minibatch, update_minibatch
 
 B, T = 6, 7
@@ -91,6 +92,9 @@ class _FixedScorer:
     def no_grad(self, model: Any, rows: Any, **_: Any) -> TokenStatistics:
         stats = self(model, rows)
         return TokenStatistics(stats.logprobs.detach(), stats.entropy, None)
+
+    def positions(self, rows: Any) -> Positions:
+        return Positions(0, 0)  # no model runs
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

@@ -88,6 +88,7 @@ class FullyShard(Strategy):
     """FSDP2 over all ranks (a one-process group is created when run without torchrun)."""
 
     name = "fsdp"
+    collective_forward = True
 
     @staticmethod
     def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:

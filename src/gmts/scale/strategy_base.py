@@ -29,6 +29,9 @@ class Strategy:
     """
 
     name: ClassVar[str]
+    collective_forward: ClassVar[bool] = False
+    """Every forward of a laid-out model is a collective (FSDP all-gathers the weights): all
+    ranks must make the same number of model calls outside :meth:`sampling`."""
 
     @staticmethod
     def layout(shape: ModelShape, precision: Precision, settings: PlanSettings) -> Layout:

@@ -70,6 +70,18 @@ class ModelConfig:
         "adapters. null: full fine-tuning.",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward (saves memory).")
+    forward_layout: Literal["grouped", "padded"] = _f(
+        "grouped",
+        "How every forward of the trainer (old and reference log-probs, selection scores, the "
+        "loss) lays out a micro-batch. grouped: each distinct prompt runs once and its keys and "
+        "values are shared by the answers of its group (gradients summed exactly, as Prefix "
+        "Grouper, arXiv 2506.05433), and the responses run in buckets of similar length, so "
+        "the positions computed are within 10% of the real ones (update/positions_computed, "
+        "update/positions_real); the same log-probs and gradients as padded up to float "
+        "rounding. Needs full-attention layers (else: an error naming this setting). padded: "
+        "every row runs its whole prompt and response, padded to the longest row (the layout "
+        "before issue 34, bit for bit).",
+    )
     device: str = _f("auto", "'auto' (cuda:<local rank> when available, else cpu), 'cpu', 'cuda'.")
     trust_remote_code: bool = _f(False, "Passed to from_pretrained for custom architectures.")
     logits_chunk_size: int | None = _f(

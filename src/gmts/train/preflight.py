@@ -9,7 +9,8 @@ Each check is a function of what it needs and raises a ``ValueError`` (or
    settings hold (no file read yet);
 2. :func:`check_embedded_can_read`: a dataset's text encodes with the embedded model's
    tokenizer (before its warm start is built, minutes on first use);
-3. :func:`read_model_config`: the LoRA targets exist in the model's config;
+3. :func:`read_model_config`: the LoRA targets exist in the model's config, the forward
+   layout can run it;
 4. :func:`check_before_weights`: the longest prompt plus the budget fits the model's
    positions, the run fits the device (the memory plan), before any weight is read.
 """
@@ -31,6 +32,7 @@ from gmts.scale.memory_plan import GIB, MemoryPlan, PlanSettings, check_fits_dev
 from gmts.train.config import TrainConfig
 from gmts.train.generation import dataset_context_settings
 from gmts.train.rollout_engine import check_engine
+from gmts.train.scoring import check_forward_layout
 from gmts.train.sources import DatasetSource
 
 Rows = list[tuple[str, str]]  # a dataset's (question, answer) pairs (sources.load_examples)
@@ -85,10 +87,11 @@ class WeightsCheck:
 
 def read_model_config(cfg: TrainConfig, load_path: str) -> Any:
     """The model's config (its files, no weights), after checking that the LoRA targets exist
-    in it."""
+    in it and that ``model.forward_layout`` can run it."""
     remote = cfg.model.trust_remote_code
     model_config = load_model_config(load_path, trust_remote_code=remote)
     check_targets(model_config, cfg.model.lora, trust_remote_code=remote)
+    check_forward_layout(cfg.model.forward_layout, model_config)
     return model_config
 
 

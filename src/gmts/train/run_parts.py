@@ -379,6 +379,8 @@ def build_optimization(
         temperature=r.temperature,
         chunk_size=cfg.model.logits_chunk_size,
         autocast=model.strategy.autocast,
+        layout=cfg.model.forward_layout,
+        forward_group=info.group if model.strategy.collective_forward else None,
     )
     rows_per_rank = r.questions_per_batch // world * r.group_size
     # One update per rollout on one micro-batch: the loss's own forward can give the old

@@ -5,7 +5,13 @@ tokens' float32 log-probs, entropies and (when a score needs it) logit-gradient 
 (:func:`gmts.core.logprobs.token_statistics`). Every forward of the trainer goes through it:
 the rollout policy's old log-probs, the reference's log-probs, the current policy's selection
 scores (no grad) and the loss pass (with grad). Tests replace the model forward by handing the
-update functions another object with the same two methods.
+update functions another object with the same methods.
+
+How the rows are laid out for the model is a :data:`FORWARD_LAYOUTS` entry
+(``model.forward_layout``): ``grouped`` (each distinct prompt once, responses in length
+buckets: :mod:`gmts.train.grouped_forward`) or ``padded`` (every row whole, padded to the
+longest). Both give the same statistics up to float rounding; :meth:`TokenScorer.positions`
+counts what each computes.
 """
 
 from __future__ import annotations
@@ -17,10 +23,13 @@ from typing import Any
 
 import torch
 
+from gmts._registry import Registry
 from gmts.core.config import SelectionConfig
 from gmts.core.logprobs import TokenStatistics, token_statistics
 from gmts.core.scores import score_requirements
 from gmts.sampling.sequences import PromptResponse
+from gmts.train.forward_plan import Positions, padded_positions, plan_forward
+from gmts.train.grouped_forward import grouped_statistics
 
 
 def micro_slices(num_rows: int, size: int) -> Iterator[slice]:
@@ -35,6 +44,27 @@ def needs_logit_grad_norm(selection: SelectionConfig) -> bool:
 
 
 @dataclass(frozen=True)
+class ForwardLayout:
+    """One way of laying rows out for the model.
+
+    Attributes:
+        name: the ``model.forward_layout`` value.
+        statistics: ``(scorer, model, rows, logit_grad_norm) -> (B, T)`` statistics.
+        positions: ``rows -> Positions``: what ``statistics`` computes for them.
+        check: ``model config -> None``, raises ValueError when the layout cannot run a model
+            of that config (before its weights are read).
+    """
+
+    name: str
+    statistics: Callable[[TokenScorer, Any, PromptResponse, bool], TokenStatistics]
+    positions: Callable[[PromptResponse], Positions]
+    check: Callable[[Any], None]
+
+
+FORWARD_LAYOUTS: Registry[ForwardLayout] = Registry("forward layout")
+
+
+@dataclass(frozen=True)
 class TokenScorer:
     """How the trainer turns a model and rows into per-token statistics.
 
@@ -43,38 +73,35 @@ class TokenScorer:
         chunk_size: positions per block of the log-prob kernel (None: its default).
         autocast: a context around the model's forward (the strategy's compute dtype); the
             statistics are reduced in float32 outside it.
+        layout: a :data:`FORWARD_LAYOUTS` name (``model.forward_layout``).
+        forward_group: the process group whose ranks must make the same number of model calls
+            (FSDP: each forward is a collective), or None.
     """
 
     temperature: float = 1.0
     chunk_size: int | None = None
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext
+    layout: str = "grouped"
+    forward_group: Any = None
+
+    def __post_init__(self) -> None:
+        FORWARD_LAYOUTS.get(self.layout)  # an unknown name lists the valid ones
 
     def __call__(
         self, model: torch.nn.Module, rows: PromptResponse, *, logit_grad_norm: bool = False
     ) -> TokenStatistics:
         """``(B, T)`` statistics of ``rows.response_ids`` under ``model``, with gradients
-        through the log-probs when grad mode is on.
+        through the log-probs when grad mode is on; 0 past each row's response in the grouped
+        layout, the model's values on the padding in the padded one.
 
-        Only the logits of the response positions are materialised (``logits_to_keep``);
-        position ids follow the attention mask, so left padding does not shift positions.
+        Only the logits of response positions are materialised; position ids follow the
+        attention mask, so left padding does not shift positions.
         """
-        T = rows.response_ids.shape[1]
-        with self.autocast():
-            out = model(
-                input_ids=rows.input_ids,  # (B, P + T)
-                attention_mask=rows.attention_mask,  # (B, P + T)
-                position_ids=rows.position_ids,  # (B, P + T), as at sampling time
-                logits_to_keep=T + 1,
-                use_cache=False,
-            )
-        logits = out.logits[:, :-1]  # (B, T, V): position P-1+t predicts response token t
-        return token_statistics(
-            logits,
-            rows.response_ids,
-            temperature=self.temperature,
-            chunk_size=self.chunk_size,
-            logit_grad_norm=logit_grad_norm,
-        )
+        return FORWARD_LAYOUTS.get(self.layout).statistics(self, model, rows, logit_grad_norm)
+
+    def positions(self, rows: PromptResponse) -> Positions:
+        """The positions :meth:`__call__` computes for ``rows``, and the real ones."""
+        return FORWARD_LAYOUTS.get(self.layout).positions(rows)
 
     @torch.no_grad()
     def no_grad(
@@ -97,3 +124,71 @@ class TokenScorer:
             entropy=torch.cat([p.entropy for p in parts]),
             logit_grad_norm=torch.cat(grad_norms) if logit_grad_norm else None,
         )
+
+
+def check_forward_layout(layout: str, model_config: Any) -> None:
+    """Raise ValueError when ``model.forward_layout=layout`` cannot run a model of
+    ``model_config`` (the grouped layout: only full-attention layers)."""
+    FORWARD_LAYOUTS.get(layout).check(model_config)
+
+
+def _padded(
+    scorer: TokenScorer, model: Any, rows: PromptResponse, logit_grad_norm: bool
+) -> TokenStatistics:
+    """Every row's prompt and response in one call, ``(B, P + T)``."""
+    T = rows.response_ids.shape[1]
+    with scorer.autocast():
+        out = model(
+            input_ids=rows.input_ids,  # (B, P + T)
+            attention_mask=rows.attention_mask,  # (B, P + T)
+            position_ids=rows.position_ids,  # (B, P + T), as at sampling time
+            logits_to_keep=T + 1,
+            use_cache=False,
+        )
+    logits = out.logits[:, :-1]  # (B, T, V): position P-1+t predicts response token t
+    return token_statistics(
+        logits,
+        rows.response_ids,
+        temperature=scorer.temperature,
+        chunk_size=scorer.chunk_size,
+        logit_grad_norm=logit_grad_norm,
+    )
+
+
+def _grouped(
+    scorer: TokenScorer, model: Any, rows: PromptResponse, logit_grad_norm: bool
+) -> TokenStatistics:
+    """The grouped layout (:func:`gmts.train.grouped_forward.grouped_statistics`)."""
+    return grouped_statistics(
+        model,
+        rows,
+        temperature=scorer.temperature,
+        chunk_size=scorer.chunk_size,
+        logit_grad_norm=logit_grad_norm,
+        autocast=scorer.autocast,
+        forward_group=scorer.forward_group,
+    )
+
+
+def _check_grouped(model_config: Any) -> None:
+    from gmts.train.prefix_cache import check_full_attention
+
+    check_full_attention(model_config)
+
+
+FORWARD_LAYOUTS.register(
+    ForwardLayout(
+        "grouped",
+        _grouped,
+        lambda rows: plan_forward(rows.prompt_ids, rows.prompt_mask, rows.response_mask).positions,
+        _check_grouped,
+    )
+)
+FORWARD_LAYOUTS.register(
+    ForwardLayout(
+        "padded",
+        _padded,
+        lambda rows: padded_positions(rows.prompt_ids, rows.prompt_mask, rows.response_mask),
+        lambda model_config: None,  # any causal LM
+    )
+)

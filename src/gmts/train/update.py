@@ -38,6 +38,7 @@ from gmts.core.step import selection_step as core_selection_step
 from gmts.scale.distributed import DistInfo
 from gmts.scale.strategy import Strategy
 from gmts.train.batch import ScoredBatch
+from gmts.train.forward_plan import Positions
 from gmts.train.scoring import TokenScorer, micro_slices, needs_logit_grad_norm
 
 OVERLAP_PARTNER = {"gmts": "entropy", "entropy": "gmts"}
@@ -57,6 +58,8 @@ class UpdateResult:
             the weights are untouched.
         sums: the loss's :class:`gmts.core.loss.TokenSums`, summed over micro-batches and
             ranks (counts, clipping, entropy, KL, positive advantages).
+        positions: the positions the loss forwards computed and the real ones (global;
+            :meth:`gmts.train.scoring.TokenScorer.positions`).
         overlap: the selection's overlap with its GMTS/ETS partner's (:data:`OVERLAP_PARTNER`),
             or None (not logged, or another score).
     """
@@ -65,6 +68,7 @@ class UpdateResult:
     grad_norm: float
     applied: bool
     sums: TokenSums
+    positions: Positions
     overlap: SelectionOverlap | None = None
 
 
@@ -215,9 +219,11 @@ def update_minibatch(
     params = [p for param_group in optimizer.param_groups for p in param_group["params"]]
     optimizer.zero_grad(set_to_none=True)
     total_loss, total_sums, finite = 0.0, None, True
+    positions = Positions(0, 0)
     for s in micro_slices(batch.num_rows, micro_batch_size):
         rows = batch.rows(s)
         stats = forward if forward is not None else scorer(model, rows)  # with gradients
+        positions = positions + scorer.positions(rows)
         micro_loss, sums = policy_loss(
             stats.logprobs,
             rows.old_logprobs,
@@ -240,7 +246,7 @@ def update_minibatch(
         total_loss += float(micro_loss.detach())
         total_sums = sums if total_sums is None else total_sums + sums
     assert total_sums is not None, "a mini-batch has at least one row"
-    return _apply(optimizer, params, total_loss, total_sums, finite, grad_clip, strategy)
+    return _apply(optimizer, params, total_loss, total_sums, positions, finite, grad_clip, strategy)
 
 
 def _apply(
@@ -248,16 +254,25 @@ def _apply(
     params: list[torch.nn.Parameter],
     local_loss: float,
     local_sums: TokenSums,
+    local_positions: Positions,
     finite: bool,
     grad_clip: float | None,
     strategy: Strategy,
 ) -> UpdateResult:
     """Sum the gradients over ranks, clip, and step unless anything on any rank was not
-    finite; the loss and the token sums reduced over ranks."""
+    finite; the loss, the token sums and the positions reduced over ranks."""
     strategy.reduce_gradients(params)
     grad_norm = strategy.clip_grad_norm(params, grad_clip)
     flags = all_reduce_sum(
-        torch.tensor([0.0 if finite else 1.0, local_loss], dtype=torch.float64),
+        torch.tensor(
+            [
+                0.0 if finite else 1.0,
+                local_loss,
+                local_positions.computed,
+                local_positions.real,
+            ],
+            dtype=torch.float64,
+        ),
         strategy.info.group,
     )
     applied = flags[0].item() == 0 and math.isfinite(grad_norm)
@@ -269,6 +284,7 @@ def _apply(
         grad_norm=grad_norm,
         applied=applied,
         sums=local_sums.all_reduce(strategy.info.group),
+        positions=Positions(int(flags[2].item()), int(flags[3].item())),
     )
 
 
@@ -277,7 +293,8 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
 
     Loss and gradient norm are means over the mini-batches (the loss over applied steps only);
     fractions and entropies pool the token sums of every mini-batch, the GMTS/ETS Jaccard
-    overlap (when measured) the overlap counts.
+    overlap (when measured) the overlap counts; the positions are summed over the loss
+    forwards.
     """
     applied = [r for r in results if r.applied]
     norms = [r.grad_norm for r in results if math.isfinite(r.grad_norm)]
@@ -289,6 +306,8 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
         "update/loss": sum(r.loss for r in applied) / len(applied) if applied else math.nan,
         "update/grad_norm": sum(norms) / len(norms) if norms else math.nan,
         "update/skipped_nonfinite": float(len(results) - len(applied)),
+        "update/positions_computed": float(sum(r.positions.computed for r in results)),
+        "update/positions_real": float(sum(r.positions.real for r in results)),
         "update/clip_fraction": m["clip_fraction"],
         "select/fraction": m["selected_fraction"],
         "select/entropy_all": m["entropy_mean"],
