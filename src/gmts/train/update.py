@@ -313,6 +313,7 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
         "select/entropy_all": m["entropy_mean"],
         "select/entropy_selected": m["entropy_selected_mean"],
         "select/positive_adv_fraction": m["positive_advantage_fraction_selected"],
+        "select/clip_fraction": m["clip_fraction_selected"],
     }
     if "kl_mean" in m:
         out["update/kl_mean"] = m["kl_mean"]
