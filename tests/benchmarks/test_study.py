@@ -1,0 +1,87 @@
+"""benchmarks/study.py end to end in its quick mode on the real model (SmolLM2-135M-Instruct):
+each run's record written as it finishes under a key of its resolved config and reused, the
+seed's pretrained figure taken once, the summary with paired differences, the figure, and
+--report training nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "study.py"
+_spec = importlib.util.spec_from_file_location("study", SCRIPT)
+study = importlib.util.module_from_spec(_spec)
+sys.modules["study"] = study  # its dataclasses look their module up
+_spec.loader.exec_module(study)
+
+
+def test_a_record_key_follows_the_resolved_config() -> None:
+    config = study.CONFIGS / "smollm2-135m-instruct" / "dapo-gmts.yaml"
+    key, resolved = study.resolved_key(config, ["seed=0", "optim.steps=3"])
+    assert resolved["seed"] == 0 and resolved["optim"]["steps"] == 3
+    assert "output_dir" not in resolved["logging"]
+    # the run's folder and its progress display do not change the run; a setting does
+    assert (
+        study.resolved_key(config, ["seed=0", "optim.steps=3", "logging.progress=true"])[0] == key
+    )
+    assert study.resolved_key(config, ["seed=1", "optim.steps=3"])[0] != key
+    assert study.resolved_key(config, ["seed=0", "optim.steps=4"])[0] != key
+
+
+def test_every_experiment_names_configs_that_exist_or_is_pending() -> None:
+    for experiment in study.EXPERIMENTS.values():
+        assert list(experiment.methods)[0] == "all tokens"  # it evaluates the pretrained model
+        for a, b in experiment.pairs:
+            assert a in experiment.methods and b in experiment.methods
+
+
+def test_the_area_under_the_curve_is_the_trapezoid_mean() -> None:
+    record = {
+        "args": [],
+        "seed": 0,
+        "evals": [{"step": 0, "average@2": 0.1}, {"step": 5, "average@2": 0.3},
+                  {"step": 10, "average@2": 0.2}],
+        "steps": [{"step": 1, "select/fraction": 0.2, "time/step_s": 2.0}],
+    }  # fmt: skip
+    figures = study.per_run_figures(record, {})
+    assert figures["start"] == pytest.approx(10.0) and figures["final"] == pytest.approx(20.0)
+    assert figures["auc"] == pytest.approx(((10 + 30) / 2 * 5 + (30 + 20) / 2 * 5) / 10)
+    assert figures["s_per_step"] == 2.0
+
+
+@pytest.mark.slow
+def test_quick_study_writes_each_run_and_reuses_it(tmp_path, real_model):
+    command = [sys.executable, str(SCRIPT), "budget", "--quick", "--out", str(tmp_path)]
+    command += ["--methods", "all tokens,GMTS top 20%"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    records = sorted((tmp_path / "runs" / "smollm2-135m-instruct").glob("*.json"))
+    assert [p.name.split("-seed")[0] for p in records] == ["gmts", "none"]
+    by_suffix = {json.loads(p.read_text())["suffix"]: json.loads(p.read_text()) for p in records}
+    # the seed's first method evaluates the pretrained model; the other reuses its figure
+    assert [row["step"] for row in by_suffix["none"]["evals"]] == [0, 1]
+    assert [row["step"] for row in by_suffix["gmts"]["evals"]] == [1]
+    assert by_suffix["none"]["steps"][0]["select/fraction"] == 1.0
+    assert by_suffix["gmts"]["steps"][0]["select/fraction"] <= 0.2 + 1e-9
+    summary = json.loads((tmp_path / "study.json").read_text())["budget"]
+    assert set(summary["methods"]) == {"all tokens", "GMTS top 20%"}
+    starts = {m: summary["methods"][m]["start"]["mean"] for m in summary["methods"]}
+    assert starts["GMTS top 20%"] == starts["all tokens"]
+    assert summary["pairs"][0]["a"] == "GMTS top 20%" and summary["pairs"][0]["std"] is None
+    assert (tmp_path / "budget.png").stat().st_size > 0
+    # a second call finds both records and trains nothing; --report summarises the same
+    times = [p.stat().st_mtime_ns for p in records]
+    second = subprocess.run(
+        command + ["--report"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert [p.stat().st_mtime_ns for p in records] == times
+    assert json.loads((tmp_path / "study.json").read_text())["budget"] == summary
