@@ -77,8 +77,14 @@ def test_both_of_verls_forward_paths_ran(records):
         tokens = sum(
             int(len(p) + len(r)) for p, r in zip(*records["answers"].values(), strict=True)
         )
-        half = len(packed["calls"]) // 2  # the exact pass's calls, then the update's
-        assert sum(shape[1] for shape, _ in packed["calls"][:half]) == tokens
+        for path in (padded, packed):  # the exact pass, then the update: the same micro-batches
+            half = len(path["calls"]) // 2
+            assert path["calls"][:half] == path["calls"][half:]
+        lengths = [shape[1] for shape, _ in packed["calls"][:half]]
+        assert sum(lengths) == tokens
+        if micro == "dynamic":  # micro-batches cut by the token budget, not by 4 rows
+            assert max(lengths) <= rmpad.MAX_TOKEN_LEN
+            assert any(rows != 4 for (rows, _), _ in padded["calls"])
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: "-".join(case))
