@@ -175,7 +175,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment(
             "task2",
             "The second task (a right answer takes 40 tokens or more)",
-            "smollm2-135m-instruct-multistep",
+            "smollm2-135m-instruct-word-problems",
             FOUR,
             3,
             BUDGET,
