@@ -69,7 +69,7 @@ from gmts.train.engines import (
 )
 from gmts.train.evaluation import evaluate_held_out
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
-from gmts.train.policy import build_policy, resolve_base_path
+from gmts.train.policy import build_policy, resolve_base_path, resolve_dtype
 from gmts.train.preemption import (
     PreemptionGuard,
     TrainingPreempted,
@@ -138,7 +138,8 @@ class Trainer:
         needs and what it gives):
 
         1. processes (``_check_processes``): the process group, the divisibility of the batch
-           by the processes, the device and the rollout engine's settings; nothing read yet;
+           by the processes, the device, ``model.dtype`` (``auto`` resolved) and the rollout
+           engine's settings; nothing read yet;
         2. seeds (``_seed``): the global RNGs, before anything draws from them;
         3. run folder (``_start_in_run_folder``): resume, refuse or clear it and check that it
            takes files, before any data or model work; ``resume``, ``overwrite``, ``allow_config_change`` are what the run
@@ -151,7 +152,7 @@ class Trainer:
         6. source, second half (``_render_source``): the dataset's prompts rendered with that
            tokenizer;
         7. checks before any weight is read (``_check_before_weights``): LoRA targets, context,
-           memory plan;
+           the dtype (printed) and the memory plan;
         8. policy (``_build_policy``): precision, strategy, weights;
         9. optimizer and schedule (``_build_optimization``), with the scorer and the loss;
         10. restore (``_restore``, resuming only, :mod:`gmts.train.restore`): after every part
@@ -184,9 +185,11 @@ class Trainer:
     # ------------------------------------------------------------------ the parts, in order
 
     def _check_processes(self) -> None:
-        """Needs ``cfg``. Gives ``info`` (this process's place in the group) and ``device``,
-        after the checks that need no file: the batch and the mini-batch divide among the
-        processes, and the rollout engine's settings hold (vLLM installed, ...)."""
+        """Needs ``cfg``. Gives ``info`` (this process's place in the group), ``device`` and
+        ``dtype_choice`` (``cfg`` from here on has ``model.dtype`` resolved:
+        :func:`gmts.train.policy.resolve_dtype`), after the checks that need no file: the batch
+        and the mini-batch divide among the processes, and the rollout engine's settings hold
+        (vLLM installed, ...)."""
         cfg = self.cfg
         self.info: DistInfo = init_distributed(cfg.model.device)
         world = self.info.world_size
@@ -197,7 +200,9 @@ class Trainer:
             if value % world:
                 raise ValueError(f"{name} ({value}) must be divisible by the {world} processes")
         self.device = pick_device(cfg.model.device, self.info.local_rank)
-        check_engine(cfg, self.device)
+        # model.dtype=auto resolved once: every later part reads the dtype the run computes in
+        self.cfg, self.dtype_choice = resolve_dtype(cfg, self.device, self.info)
+        check_engine(self.cfg, self.device)
 
     def _seed(self) -> None:
         """The thread count (``threads``) and the global RNGs seeded with ``seed``: every later
@@ -319,11 +324,14 @@ class Trainer:
         """Before any weight is read: do the LoRA targets exist, does the longest prompt + the
         budget fit the model, and does the run fit the device? Needs the source (its prompts)
         and the tokenizer; gives ``prompt_tokens``, ``memory_plan`` and the model's config
-        (returned)."""
+        (returned). Rank 0 prints the dtype choice (what ``model.dtype`` gave and what it read)
+        above the memory plan: the first lines of a run whose settings passed every check."""
         remote = self.cfg.model.trust_remote_code
         model_config = load_model_config(load_path, trust_remote_code=remote)
         check_targets(model_config, self.cfg.model.lora, trust_remote_code=remote)
         self.prompt_tokens = self._check_context(model_config, load_path)
+        if self.info.is_main:  # what the run computes in, above the plan (settings are checked)
+            print(self.dtype_choice.line(), file=sys.stderr)
         self.memory_plan = self._plan_memory(model_config)
         return model_config
 
@@ -431,7 +439,7 @@ class Trainer:
             last = self.step if self.resume_from is not None else -1
             truncate_metrics(self.run_dir, last)
             truncate_metrics(self.run_dir, last - 1, EVAL_FILE)
-            record_start(self.run_dir, cfg, self.start, self.step)
+            record_start(self.run_dir, cfg, self.start, self.step, self.dtype_choice.record())
             if self.resume_from is not None:
                 print(
                     f"gmts train: resumed from step {self.step} ({self.resume_from})",
