@@ -10,8 +10,9 @@ bf16 here is what ``model.dtype: bfloat16`` runs: float32 weights, the forward u
 log-probs reduced in float32 by the trainer's scorer (:class:`gmts.train.scoring.TokenScorer`).
 
 1. **Agreement.** ``--questions`` x ``--group`` answers (at most ``--answer-tokens`` each) are
-   sampled once in float32 at temperature 0.7 from 2-digit-sum prompts (the chat template
-   of configs/smollm2-135m-instruct), the rows the trainer scores. Their per-token log-probs
+   sampled once in float32 at temperature 0.7 from the training prompts of
+   configs/smollm2-135m-instruct/base.yaml (2-digit sums, the model's chat template), the rows
+   the trainer scores. Their per-token log-probs
    and entropies are computed in float32 and in bf16: max and mean |bf16 - float32| over the
    answer tokens, and the gap of each answer's summed log-prob (what a sequence-level ratio
    sees).
@@ -56,6 +57,8 @@ from bench_common import (  # noqa: E402  (the benchmarks folder, put on the pat
 )
 
 MODEL = "smollm2-135m-instruct"
+CONFIG = BENCH_DIR.parent / "configs" / "smollm2-135m-instruct" / "base.yaml"
+"""Where the real prompts come from (its dataset, template and prompt budget)."""
 QUICK = {
     "questions": 2,
     "group": 2,
@@ -96,9 +99,31 @@ def tiny_model() -> tuple[Any, Any]:
     return build_tiny_model(tokenizer, config), tokenizer
 
 
+def real_prompts(tokenizer: Any) -> list[str]:
+    """The training prompts of configs/smollm2-135m-instruct/base.yaml (its dataset, template
+    and prompt budget), rendered with ``tokenizer``, in the dataset's order."""
+    from gmts.train.config import load_config
+    from gmts.train.sources import DatasetSource, load_examples
+
+    cfg = load_config(CONFIG)
+    d = cfg.data
+    examples = load_examples(
+        d.dataset, split=d.split, question_field=d.question_field, answer_field=d.answer_field
+    )
+    source = DatasetSource(
+        examples,
+        tokenizer=tokenizer,
+        template=d.template,
+        max_prompt_tokens=cfg.rollout.max_prompt_length,
+        shuffle=False,
+        seed=0,
+    )
+    return [p.prompt for p in source.problems]
+
+
 def load(quick: bool) -> tuple[Any, Any, list[str]]:
-    """(float32 model, tokenizer, prompt texts): SmolLM2 with chat-templated 2-digit sums, or
-    the tiny model with the embedded addition task's prompts."""
+    """(float32 model, tokenizer, prompt texts): SmolLM2 with its config's prompts
+    (:func:`real_prompts`), or the tiny model with the embedded addition task's prompts."""
     if quick:
         from gmts.embedded.tasks import get_task
 
@@ -106,19 +131,10 @@ def load(quick: bool) -> tuple[Any, Any, list[str]]:
         problems = get_task("addition").sample(16, random.Random(0))
         return model, tokenizer, [p.prompt for p in problems]
     from gmts.models.loading import load_model, load_tokenizer, resolve_model_path
-    from gmts.train.sources import DatasetSource, load_examples
 
     path = resolve_model_path(MODEL)
     tokenizer = load_tokenizer(path)
-    source = DatasetSource(
-        load_examples("addition-2digit"),
-        tokenizer=tokenizer,
-        template="plain",
-        max_prompt_tokens=96,
-        shuffle=False,
-        seed=0,
-    )
-    return load_model(path, training=True), tokenizer, [p.prompt for p in source.problems]
+    return load_model(path, training=True), tokenizer, real_prompts(tokenizer)
 
 
 def sample_rows(model: Any, tokenizer: Any, prompts: list[str], args: argparse.Namespace) -> Any:

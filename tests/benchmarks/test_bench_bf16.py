@@ -71,3 +71,15 @@ def test_the_gap_is_a_plain_forward_s_in_both_dtypes():
     assert agree["answer_tokens"] == gap.numel()
     assert agree["logprob_gap_max"] == pytest.approx(gap.max().item(), abs=1e-5)
     assert agree["logprob_gap_mean"] == pytest.approx(gap.mean().item(), abs=1e-5)
+
+
+@pytest.mark.slow  # converts SmolLM2 into the cache on first use
+def test_the_real_prompts_are_the_smollm2_config_s(real_model):
+    """The full run's prompts (not run by --quick): the config's dataset in its chat template."""
+    from gmts.models.loading import load_tokenizer
+
+    bench = _bench()
+    prompts = bench.real_prompts(load_tokenizer(real_model))
+    assert len(prompts) > 1000
+    assert prompts[0].startswith("<|im_start|>") and "+" in prompts[0]
+    assert prompts[0].rstrip().endswith("<|im_start|>assistant")

@@ -140,6 +140,15 @@ def _onednn_isa_env() -> str | None:
     return None if name is None else f"{name}={os.environ[name]}"
 
 
+def _onednn_bf16() -> bool:
+    """Whether oneDNN computes bf16 in this process (its ISA cap applied); False on a torch
+    built without oneDNN."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # no mkldnn ops in this build
+        return False
+
+
 def read_bf16_signals(device: torch.device) -> Bf16Signals:
     """Read what :func:`choose_dtype` decides from, for ``device`` (CPU flags and kernels, or
     the GPU)."""
@@ -156,7 +165,7 @@ def read_bf16_signals(device: torch.device) -> Bf16Signals:
         device=device.type,
         cpu_flag=cpu_bf16_support(),
         torch_kernels=torch.backends.cpu.get_cpu_capability(),
-        onednn_bf16=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        onednn_bf16=_onednn_bf16(),
         onednn_isa=_onednn_isa_env(),
         aten_env=None if aten is None else f"ATEN_CPU_CAPABILITY={aten}",
     )
