@@ -29,8 +29,9 @@ __all__ = [
 FLOAT_PATH_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "OMP_NUM_THREADS")
 """Environment variables that change the floating-point path (recorded when set)."""
 
-SIMD_FLAGS = ("avx2", "avx512f", "amx_tile")
-"""The CPU flags that decide which kernels torch runs (recorded when present)."""
+SIMD_FLAGS = ("avx2", "avx512f", "amx_tile", "avx512_bf16", "amx_bf16")
+"""The CPU flags that decide which kernels torch runs and whether bf16 is native (recorded when
+present; gmts.scale.auto_dtype)."""
 
 
 def _run_text(cmd: list[str]) -> str:

@@ -116,7 +116,11 @@ def test_cli_writes_report_figures_and_html(tiny, tmp_path: Path, capsys):
     for name in ("within_answer.png", "across_answers.png", "eps.png", "overlap.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "tokens.html").read_text().count("class='tok'") == report["meta"]["tokens"]
-    assert "Jaccard" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "Jaccard" in printed.out
+    # the dtype it ran in, the flag that changes it, and this machine's bf16 reading
+    assert f"gmts analyze: {model_dir} in float32 (--dtype; bf16 " in printed.err
+    assert "read: cpu flag " in printed.err
 
 
 def test_cli_rejects_bad_arguments(tmp_path: Path, capsys):

@@ -69,6 +69,9 @@ def test_builtin_task_end_to_end_and_resume(tiny_task_model_dir, tmp_path, capsy
     rc, _, err = _run([*common, "--limit", "2", "--out", str(part)], capsys)
     assert rc == 0, err
     assert sum(rows_generated) == 2
+    # the loading line names the dtype, why (--dtype auto), and this machine's bf16 reading
+    assert "(hf backend, float32 (auto: bfloat16 on a GPU, float32 on a CPU), --dtype to " in err
+    assert "; bf16 " in err and "read: cpu flag " in err
     rows_generated.clear()
     rc, resumed_table, err = _run([*common, "--limit", "5", "--out", str(part)], capsys)
     assert rc == 0, err

@@ -265,3 +265,26 @@ def test_docs_lora_rows_of_the_shipped_configs_are_current():
     repo = Path(__file__).resolve().parents[2]
     doc = (repo / "docs" / "training.md").read_text()
     assert shipped_table(repo / "configs", overrides=LORA_ROWS) in doc
+
+
+def test_plan_counts_auto_as_the_dtype_it_resolves_to(tmp_path, capsys):
+    """``gmts plan`` plans for GPUs: auto is counted as bf16 and the plan is bf16's, said
+    above the table; the trainer plans with the dtype it resolved (test_auto_dtype.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    from gmts.cli import main
+
+    spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    model_dir = tiny.save_tiny_model(tmp_path / "model")
+    capsys.readouterr()
+    tables = {}
+    for dtype in ("auto", "bfloat16", "float32"):
+        assert main(["plan", f"model.path={model_dir}", f"model.dtype={dtype}"]) == 0
+        tables[dtype] = capsys.readouterr().out.splitlines()
+    assert tables["auto"][1].startswith("model.dtype: auto, counted as bfloat16 (planned for GPUs")
+    assert tables["auto"][2:] == tables["bfloat16"][1:]  # the same plan
+    assert tables["auto"][2:] != tables["float32"][1:]
+    assert not any("model.dtype: auto" in line for line in tables["bfloat16"])

@@ -28,6 +28,15 @@ def test_defaults_and_algorithm_presets():
     assert tuned.objective.aggregation == "seq-mean-token-mean"
 
 
+def test_model_dtype_takes_auto_and_defaults_to_float32():
+    """float32 stays the default (the committed figures are float32 results); auto is kept as
+    written in the config: the trainer resolves it on its device (test_auto_dtype.py)."""
+    assert load_config().model.dtype == "float32"
+    assert load_config(None, ["model.dtype=auto"]).model.dtype == "auto"
+    with pytest.raises(ValueError, match="'float32' | 'bfloat16' | 'auto'"):
+        load_config(None, ["model.dtype=bf16"])
+
+
 def test_override_values_are_parsed_and_typed():
     cfg = load_config(
         None,

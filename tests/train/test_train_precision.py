@@ -98,7 +98,7 @@ def test_export_writes_a_bf16_copy_of_the_float32_checkpoint(tmp_path, capsys):
 
 
 def test_cpu_bf16_support_reads_the_cpu_flags(tmp_path):
-    from gmts.scale.precision import cpu_bf16_support
+    from gmts.scale.auto_dtype import cpu_bf16_support
 
     cases = {
         "flags\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n": "amx_bf16",

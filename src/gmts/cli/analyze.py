@@ -274,6 +274,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gmts analyze: {exc}", file=sys.stderr)
         return 2
+    from gmts.scale.auto_dtype import bf16_note
+
+    print(
+        f"gmts analyze: {model_dir} in {args.dtype} (--dtype; {bf16_note(device)})", file=sys.stderr
+    )
     model = load_model(model_dir, dtype=torch_dtype(args.dtype), training=False).to(device)
     threads = args.threads or _default_threads(model, device)
     if threads:

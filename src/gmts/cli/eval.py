@@ -384,6 +384,22 @@ def _set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def _dtype_words(args: argparse.Namespace) -> str:
+    """The dtype the model runs in and why, for the loading line (``--dtype`` changes it)."""
+    if args.backend != "hf":
+        return f"--dtype {args.dtype}" + (": the engine's choice" if args.dtype == "auto" else "")
+    from gmts.models.loading import pick_device, torch_dtype
+    from gmts.scale.auto_dtype import bf16_note
+
+    try:
+        device = pick_device(args.device)
+        dtype = str(torch_dtype(args.dtype, device)).removeprefix("torch.")
+    except ValueError:  # a device or dtype the backend refuses, with its own message
+        return f"--dtype {args.dtype}"
+    auto = " (auto: bfloat16 on a GPU, float32 on a CPU)" if args.dtype == "auto" else ""
+    return f"{dtype}{auto}, --dtype to change; {bf16_note(device)}"
+
+
 def _evaluate(args: argparse.Namespace, plan: _Plan, store: ResultsStore) -> EvalReport:
     """Load the model on the chosen backend and evaluate every benchmark."""
     from gmts.eval.backends import BackendOptions, make_backend
@@ -396,7 +412,9 @@ def _evaluate(args: argparse.Namespace, plan: _Plan, store: ResultsStore) -> Eva
         batch_size=plan.config.batch_size,
         seed=args.seed,
     )
-    print(f"loading {plan.model_path} ({args.backend} backend)", file=sys.stderr)
+    print(
+        f"loading {plan.model_path} ({args.backend} backend, {_dtype_words(args)})", file=sys.stderr
+    )
     backend = make_backend(args.backend, options)
     try:
         report = evaluate(

@@ -125,6 +125,7 @@ def shipped_table(
 
 
 def run(args: argparse.Namespace) -> int:
+    from gmts.scale.auto_dtype import AUTO
     from gmts.scale.memory_plan import GIB, MemoryPlanError, check_fits_device
     from gmts.train.config import load_config
 
@@ -146,6 +147,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"gmts plan: error: {exc}", file=sys.stderr)
         return 2
     print(f"model: {source}")
+    if cfg.model.dtype == AUTO:
+        print(
+            f"model.dtype: auto, counted as {plan.settings.dtype} (planned for GPUs with bf16 "
+            "tensor cores, compute capability >= 8.0; gmts train picks float32 on an older GPU "
+            "or a CPU without bf16 instructions: plan model.dtype=float32 for those)"
+        )
     print(plan.table())
     if full is not None:
         unit, scale = ("GiB", GIB) if full.peak >= GIB else ("MiB", 2**20)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gmts.models.lora import LoraConfig
+from gmts.scale.auto_dtype import planned_dtype
 
 GIB = 2**30
 
@@ -50,7 +51,8 @@ class PlanSettings:
     Attributes:
         world_size: processes.
         strategy: ``distributed.strategy``.
-        dtype: ``model.dtype`` (float32 / bfloat16).
+        dtype: the compute dtype (float32 / bfloat16): ``model.dtype``, ``auto`` counted as
+            what it resolves to (:func:`gmts.scale.auto_dtype.planned_dtype`).
         micro_batch_size: rows per forward/backward.
         prompt_length, response_length: the longest prompt and response, in tokens.
         generation_rows: rows this rank generates at once.
@@ -107,8 +109,10 @@ class PlanSettings:
         device_bytes: float | None = None,
     ) -> PlanSettings:
         """The settings of a :class:`gmts.train.config.TrainConfig` on ``world_size`` ranks;
-        ``gpu``: planned for GPUs (decides vLLM's sleep mode), ``device_bytes``: their memory."""
+        ``gpu``: planned for GPUs (decides vLLM's sleep mode and what ``model.dtype: auto``
+        counts as), ``device_bytes``: their memory."""
         r = cfg.rollout
+        dtype = planned_dtype(cfg.model.dtype, gpu=gpu)  # auto: what it resolves to
         rows = r.questions_per_batch // world_size * r.group_size
         engine: dict[str, Any] = {
             "engine": r.engine,
@@ -119,7 +123,7 @@ class PlanSettings:
             v = r.vllm
             rows_at_once = v.max_num_seqs or rows
             engine.update(
-                engine_dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
+                engine_dtype=dtype if v.dtype == "auto" else v.dtype,
                 engine_memory_fraction=v.gpu_memory_utilization,
                 engine_kv_bytes=None if v.kv_cache_gib is None else v.kv_cache_gib * GIB,
                 engine_sleeps=v.sleeps(gpu),
@@ -132,7 +136,7 @@ class PlanSettings:
         return cls(
             world_size=world_size,
             strategy=cfg.distributed.strategy,
-            dtype=cfg.model.dtype,
+            dtype=dtype,
             micro_batch_size=min(cfg.optim.micro_batch_size, rows),
             prompt_length=prompt_length,
             response_length=response_length,

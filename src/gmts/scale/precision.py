@@ -25,10 +25,17 @@ in float32.
 
 On a CPU ``bfloat16`` is honoured the same way (``torch.autocast("cpu")`` over float32
 masters, the sampler in one bf16 cast), but it pays only where the CPU computes in bf16
-(AVX512-BF16 or AMX on x86, the bf16 extension on Arm: :func:`cpu_bf16_support`); elsewhere
-(AVX2) torch emulates bf16 and runs slower than float32. The default stays ``float32`` on every
-device: bitwise reproducible results (the demo's toy numbers) rather than a speed that depends
-on the machine; ``model.dtype=bfloat16`` is the choice on a GPU and on a bf16 CPU.
+(AVX512-BF16 or AMX-BF16 on x86: 0.59x the float32 time of a SmolLM2 forward + backward on an
+AMD EPYC with AVX512-BF16, issue 34); elsewhere (AVX2) torch emulates bf16 and runs about 4x
+slower than float32 (docs/results.md section 8).
+
+``model.dtype: auto`` takes bf16 where it pays and float32 elsewhere
+(:mod:`gmts.scale.auto_dtype`: the CPU's flags, the kernels torch and oneDNN run, which
+``ATEN_CPU_CAPABILITY`` / ``ONEDNN_MAX_CPU_ISA`` can lower; on CUDA the GPU's bf16 support);
+the trainer prints the choice and what it read in its first lines and records it in the run
+folder. The default stays ``float32`` on every device: a seed then gives the same numbers on
+every machine that runs the same kernels (the demo's, the tests' and every committed figure are
+float32 results), while ``auto`` gives other numbers on a bf16 machine than on an AVX2 one.
 
 Serving: checkpoints hold the float32 master weights (a LoRA run's: its adapters);
 :func:`export_model` writes a bf16 Hugging Face folder (``gmts export``), merging a LoRA run's
@@ -103,22 +110,6 @@ class Precision:
         if not self.mixed:
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(param_dtype=self.compute, reduce_dtype=torch.float32)
-
-
-def cpu_bf16_support(cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
-    """The bf16 instructions of this CPU, or None: ``"amx_bf16"``, ``"avx512_bf16"`` (x86) or
-    ``"bf16"`` (Arm), read from the flags of ``cpuinfo`` (None where it cannot be read)."""
-    try:
-        with open(cpuinfo) as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    flags: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return next((f for f in ("amx_bf16", "avx512_bf16", "bf16") if f in flags), None)
 
 
 def export_model(source: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:

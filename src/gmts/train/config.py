@@ -56,11 +56,18 @@ class ModelConfig:
         "Local Hugging Face causal-LM directory, a hub id (only where the hub is reachable), or "
         "'embedded' for the built-in tiny model warm-started on data.task (cached).",
     )
-    dtype: Literal["float32", "bfloat16"] = _f(
+    dtype: Literal["float32", "bfloat16", "auto"] = _f(
         "float32",
         "Compute dtype. bfloat16: bf16 forward/backward over float32 master weights, gradients "
         "and AdamW state (mixed precision); frozen weights (the reference, a LoRA base) are "
-        "held in bf16. Log-probs and entropies are always float32.",
+        "held in bf16. Log-probs and entropies are always float32. auto: bfloat16 where the "
+        "device computes bf16 natively (a GPU of compute capability >= 8.0; a CPU with "
+        "AVX512-BF16 or AMX-BF16 running torch's AVX512 kernels, so not under "
+        "ATEN_CPU_CAPABILITY=avx2 or ONEDNN_MAX_CPU_ISA=AVX2), float32 elsewhere; the run "
+        "prints its choice and what it read, and config.yaml records the dtype used "
+        "(gmts.scale.auto_dtype). The default stays float32: a seed gives the same numbers on "
+        "every machine running the same kernels (the demo, the tests and the committed "
+        "figures are float32), while auto's numbers depend on the machine.",
     )
     lora: LoraConfig | None = _f(
         None,

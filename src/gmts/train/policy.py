@@ -12,10 +12,15 @@
 
 Resume loads the checkpoint's ``model/`` before the strategy lays the model out: the whole
 float32 model, or the base from ``model.path`` plus the saved float32 adapters.
+
+``model.dtype: auto`` is resolved once, before anything reads the config
+(:func:`resolve_dtype`): the run goes on with the dtype it picked, so every part (the engines,
+the memory plan, the run's ``config.yaml``) sees the dtype the run computes in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +35,7 @@ from gmts.models.lora import (
     is_adapter_folder,
     load_adapter_weights,
 )
+from gmts.scale.auto_dtype import DtypeChoice, choose_dtype
 from gmts.scale.distributed import DistInfo, barrier
 from gmts.scale.precision import Precision
 from gmts.scale.strategy import Strategy, make_strategy
@@ -50,6 +56,33 @@ class Policy:
 
     model: torch.nn.Module
     reference: Any
+
+
+def resolve_dtype(
+    cfg: TrainConfig, device: torch.device, info: DistInfo | None = None
+) -> tuple[TrainConfig, DtypeChoice]:
+    """``cfg`` with ``model.dtype`` as the run computes it (``auto`` resolved on ``device``,
+    :func:`gmts.scale.auto_dtype.choose_dtype`), and the choice (what was read and why).
+
+    With several processes every rank must pick the same dtype (a mixed group would shard and
+    reduce tensors of two dtypes); ranks that disagree raise, naming each rank's choice.
+    """
+    choice = choose_dtype(cfg.model.dtype, device)
+    if info is not None and info.world_size > 1:
+        import torch.distributed as dist
+
+        picked: list[Any] = [None] * info.world_size
+        dist.all_gather_object(picked, choice.dtype, group=info.group)
+        if len(set(picked)) > 1:
+            ranks = ", ".join(f"rank {r}: {d}" for r, d in enumerate(picked))
+            raise ValueError(
+                f"model.dtype={cfg.model.dtype}: the processes picked different dtypes "
+                f"({ranks}); set model.dtype=float32 or bfloat16"
+            )
+    if choice.dtype == cfg.model.dtype:
+        return cfg, choice
+    model = dataclasses.replace(cfg.model, dtype=choice.dtype)
+    return dataclasses.replace(cfg, model=model), choice
 
 
 def resolve_base_path(cfg: TrainConfig, info: DistInfo, *, progress: bool) -> str:
@@ -141,9 +174,9 @@ def build_policy(
     resume_from: Path | None = None,
     reference: bool = True,
 ) -> tuple[Strategy, Policy]:
-    """``cfg``'s strategy (``distributed.strategy`` in the precision of ``model.dtype``) and
-    its policy, loaded and laid out by it (:func:`load_policy`): what ``Trainer`` trains, and
-    what :func:`gmts.train.evaluation.evaluate_start` evaluates.
+    """``cfg``'s strategy (``distributed.strategy`` in the precision of ``model.dtype``, ``auto``
+    resolved on ``device``) and its policy, loaded and laid out by it (:func:`load_policy`):
+    what ``Trainer`` trains, and what :func:`gmts.train.evaluation.evaluate_start` evaluates.
 
     Args:
         base_path: the starting model (``model.path`` resolved).
@@ -152,7 +185,7 @@ def build_policy(
         reference: load the KL reference where ``cfg`` asks for one (``objective.kl_coef >
             0``); False: never (an evaluation needs none).
     """
-    precision = Precision.from_name(cfg.model.dtype)
+    precision = Precision.from_name(choose_dtype(cfg.model.dtype, device).dtype)
     strategy = make_strategy(cfg.distributed.strategy, info, precision, device)
     policy = load_policy(
         base_path=base_path,

@@ -12,6 +12,11 @@ The rules (docs/training.md, "What happens to your run when ..."):
   training (everything but :data:`NOT_TRAINING`) is refused, listing the keys, unless
   ``--allow-config-change``; every resume is appended to ``resumes.jsonl``.
 - The folder and its ``checkpoints/`` must take a file (created, written, flushed, removed).
+- Every start (fresh or resumed) appends to ``starts.jsonl`` what the run computes in
+  (``model.dtype`` asked, the dtype used, why, and the CPU/GPU signals read:
+  :mod:`gmts.scale.auto_dtype`); a fresh start begins the file anew. ``config.yaml`` holds the
+  dtype used (``auto`` resolved), so a resume on a machine where ``auto`` picks another dtype
+  is a config change.
 
 :func:`plan_start` only reads; :func:`prepare_run_folder` also clears (``--overwrite``) and
 checks that the folder is writable. Both raise :class:`RunFolderError` (a ``ValueError`` with
@@ -40,6 +45,7 @@ __all__ = [
     "CONFIG_FILE",
     "NOT_TRAINING",
     "RESUMES_FILE",
+    "STARTS_FILE",
     "ResumeMode",
     "RunFolderError",
     "RunStart",
@@ -51,6 +57,7 @@ __all__ = [
 
 CONFIG_FILE = "config.yaml"
 RESUMES_FILE = "resumes.jsonl"
+STARTS_FILE = "starts.jsonl"
 ResumeMode = bool | Literal["auto"]
 """False: a fresh run; True (``--resume``): continue, a checkpoint must exist; ``"auto"``
 (``--resume auto``): continue where a checkpoint exists, else start afresh."""
@@ -83,7 +90,7 @@ data, model, batch sizes, ...); ``optim.steps`` counts only under a cosine sched
 place the total changes a step's update)."""
 
 # What a run writes into its folder: cleared by --overwrite, nothing else is touched.
-_RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, MARKER_FILE, RESUMES_FILE)
+_RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, MARKER_FILE, RESUMES_FILE, STARTS_FILE)
 _RUN_DIRS = ("checkpoints", "tensorboard")
 
 
@@ -275,17 +282,30 @@ def prepare_run_folder(
     return start
 
 
-def record_start(run_dir: Path, cfg: TrainConfig, start: RunStart, step: int) -> None:
+def record_start(
+    run_dir: Path,
+    cfg: TrainConfig,
+    start: RunStart,
+    step: int,
+    precision: dict[str, Any] | None = None,
+) -> None:
     """Write the run's ``config.yaml``; for a resume, append its record to ``resumes.jsonl``
-    (time, step, checkpoint, config keys changed, damaged checkpoints skipped)."""
+    (time, step, checkpoint, config keys changed, damaged checkpoints skipped); append this
+    start to ``starts.jsonl`` (time, step, checkpoint, ``precision``: the
+    :meth:`gmts.scale.auto_dtype.DtypeChoice.record` of the run), begun anew by a fresh start."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    checkpoint = None if start.checkpoint is None else str(start.checkpoint)
     if start.checkpoint is not None:
         record = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "time": now,
             "step": step,
-            "checkpoint": str(start.checkpoint),
+            "checkpoint": checkpoint,
             "changed": start.changed,
             "skipped": start.skipped,
         }
         with open(run_dir / RESUMES_FILE, "a") as fh:
             fh.write(json.dumps(record, default=str) + "\n")
+    line = {"time": now, "step": step, "checkpoint": checkpoint, "precision": precision}
+    with open(run_dir / STARTS_FILE, "a" if start.checkpoint is not None else "w") as fh:
+        fh.write(json.dumps(line, default=str) + "\n")
     (run_dir / CONFIG_FILE).write_text(dump_yaml(cfg))

@@ -3,7 +3,8 @@ whose arguments are what it needs, so the data flow (not a docstring) fixes the 
 
 :func:`build_run` reads top to bottom:
 
-1. processes: the process group, the device, the checks that need no file (preflight.py);
+1. processes: the process group, the device, the dtype (``model.dtype: auto`` resolved), the
+   checks that need no file (preflight.py);
 2. seeds: the global RNGs, before anything draws from them;
 3. run folder: resume, refuse or clear it and check that it takes files (run_folder.py);
 4. data, first half: the task, or the dataset's rows, and the reward: a bad dataset or reward
@@ -39,6 +40,7 @@ from gmts.configuration import to_dict
 from gmts.core.loss import LossConfig
 from gmts.models.context import context_limit
 from gmts.models.loading import EMBEDDED, load_tokenizer, pick_device
+from gmts.scale.auto_dtype import DtypeChoice
 from gmts.scale.distributed import DistInfo, init_distributed
 from gmts.scale.strategy import Strategy
 from gmts.train import preflight
@@ -46,7 +48,7 @@ from gmts.train.config import DATASET_MAX_NEW_TOKENS, TrainConfig
 from gmts.train.correction import RolloutCorrection
 from gmts.train.generation import run_generation
 from gmts.train.metrics_log import EVAL_FILE, MetricsLogger, truncate_metrics
-from gmts.train.policy import build_policy, resolve_base_path
+from gmts.train.policy import build_policy, resolve_base_path, resolve_dtype
 from gmts.train.restore import RestoredCounters, restore_trainer_state
 from gmts.train.rollout_engine import EngineInputs, RolloutEngine, make_engine
 from gmts.train.run_folder import ResumeMode, RunStart, prepare_run_folder, record_start
@@ -65,10 +67,12 @@ from gmts.train.sources import (
 
 @dataclass(frozen=True)
 class Processes:
-    """This process's place in the group (``info``) and its ``device``."""
+    """This process's place in the group (``info``), its ``device`` and what it computes in
+    (``dtype``: ``model.dtype`` resolved on that device, with what was read and why)."""
 
     info: DistInfo
     device: torch.device
+    dtype: DtypeChoice
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def build_run(
     ``resume``, ``overwrite`` and ``allow_config_change`` are what the run may do with its
     folder (``--resume [auto]``, ``--overwrite``, ``--allow-config-change``); ``reward_fn``
     replaces the task's or ``data.reward``'s reward."""
-    processes = start_processes(cfg)
+    processes, cfg = start_processes(cfg)  # cfg from here on: model.dtype resolved
     seed_run(cfg)
     folder = open_run_folder(cfg, processes.info, resume, overwrite, allow_config_change)
     rows = open_data(cfg, reward_fn)
@@ -196,6 +200,8 @@ def build_run(
         context_limit(model_config, tokenizer, where=load_path),
         processes.info,
     )
+    if processes.info.is_main:  # what the run computes in, after the settings line
+        print(processes.dtype.line(), file=sys.stderr)
     checked = preflight.check_before_weights(
         cfg, model_config, load_path, tokenizer=tokenizer, data=data, **_where(processes)
     )
@@ -208,7 +214,7 @@ def build_run(
     if folder.resume_from is not None:
         counters = restore(cfg, folder.resume_from, model, optimization, data, processes.info)
     engine = start_engine(cfg, model, data, processes)
-    logger = open_logs(cfg, folder, processes.info, counters.step)
+    logger = open_logs(cfg, folder, processes, counters.step)
     return RunParts(cfg, processes, folder, data, model, optimization, counters, engine, logger)
 
 
@@ -216,12 +222,15 @@ def _where(processes: Processes) -> dict[str, Any]:
     return {"info": processes.info, "device": processes.device}
 
 
-def start_processes(cfg: TrainConfig) -> Processes:
-    """The process group and this rank's device, after the checks that need no file."""
+def start_processes(cfg: TrainConfig) -> tuple[Processes, TrainConfig]:
+    """The process group, this rank's device and its dtype (``model.dtype: auto`` resolved:
+    :func:`gmts.train.policy.resolve_dtype`), after the checks that need no file; and ``cfg``
+    with that dtype, which every later part reads."""
     info = init_distributed(cfg.model.device)
     device = pick_device(cfg.model.device, info.local_rank)
+    cfg, dtype = resolve_dtype(cfg, device, info)
     preflight.check_processes(cfg, info, device)
-    return Processes(info, device)
+    return Processes(info, device, dtype), cfg
 
 
 def seed_run(cfg: TrainConfig) -> None:
@@ -444,9 +453,13 @@ def start_engine(
     )
 
 
-def open_logs(cfg: TrainConfig, folder: RunFolder, info: DistInfo, step: int) -> MetricsLogger:
+def open_logs(
+    cfg: TrainConfig, folder: RunFolder, processes: Processes, step: int
+) -> MetricsLogger:
     """The run folder's writes, last, once the run is sure to start: the logger and, on rank
-    0, the metrics rows of steps about to be re-run dropped and the start recorded."""
+    0, the metrics rows of steps about to be re-run dropped and the start recorded (with the
+    dtype choice)."""
+    info = processes.info
     logger = MetricsLogger(
         folder.path,
         report_to=cfg.logging.report_to,
@@ -461,7 +474,7 @@ def open_logs(cfg: TrainConfig, folder: RunFolder, info: DistInfo, step: int) ->
         last = step if folder.resume_from is not None else -1
         truncate_metrics(folder.path, last)
         truncate_metrics(folder.path, last - 1, EVAL_FILE)
-        record_start(folder.path, cfg, folder.start, step)
+        record_start(folder.path, cfg, folder.start, step, processes.dtype.record())
         if folder.resume_from is not None:
             print(f"gmts train: resumed from step {step} ({folder.resume_from})", file=sys.stderr)
     return logger

@@ -70,7 +70,7 @@ class Trainer:
             reward_fn=reward_fn,
         )
         # the parts the loop and its callers use, by name
-        self.cfg, self.info, self.device = cfg, parts.processes.info, parts.processes.device
+        self.cfg, self.info, self.device = parts.cfg, parts.processes.info, parts.processes.device
         self.run_dir, self.resume_from = parts.folder.path, parts.folder.resume_from
         self.source, self.rollout_engine, self.logger = (
             parts.data.source,
