@@ -37,7 +37,7 @@ def test_every_split_of_every_benchmark_read_from_files_has_a_hub_copy() -> None
             assert not spec.hub, name
             continue
         assert set(spec.hub) == set(spec.splits), name
-    assert generated == ["addition-2digit"]
+    assert generated == ["addition-2digit", "word-problems-1digit"]
 
 
 def test_no_folder_and_no_hub_is_one_line_naming_both_ways(

@@ -33,6 +33,7 @@ EXPECTED = {
     "humaneval": (164, "HumanEval/0", None),
     "mbpp": (500, "mbpp/11", None),  # task ids 11-510
     "addition-2digit": (1652, "test-80+73", "153"),  # made by code (gmts.data.generated)
+    "word-problems-1digit": (768, "test-Sam-4+6-shells", "10"),  # made by code
 }
 
 

@@ -35,7 +35,13 @@ from gmts.data.datasets import (
     dev_data_dirs,
     read_records,
 )
-from gmts.data.generated import addition_example, addition_rows, ask_for_number
+from gmts.data.generated import (
+    addition_example,
+    addition_rows,
+    ask_for_number,
+    word_problem_example,
+    word_problem_rows,
+)
 from gmts.rewards.verifiers import Verifier, get_verifier
 
 __all__ = [
@@ -314,6 +320,9 @@ for _benchmark in (
     Benchmark("addition-2digit", "Addition (2 digits)", {"train": "", "test": ""}, "test",
               addition_example, "plain", get_verifier("math"), max_new_tokens=128,
               generate=addition_rows(10, 99, ask_for_number)),
+    Benchmark("word-problems-1digit", "Word problems (1 digit, steps)", {"train": "", "test": ""},
+              "test", word_problem_example, "plain", get_verifier("math"), max_new_tokens=128,
+              generate=word_problem_rows(2, 9)),
     Benchmark("mbpp", "MBPP", _MBPP_SPLITS, "test", _mbpp_row, "code", _MBPP, "greedy",
               keep=_mbpp_keep, hub=_MBPP_HUB),
 ):
