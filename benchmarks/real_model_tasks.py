@@ -45,10 +45,10 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from gmts.cli.provenance import git_commit, load, machine_record, utc_now  # noqa: E402
 from gmts.data.benchmarks import get_benchmark, load_benchmark  # noqa: E402
 from gmts.data.datasets import resolve_data_dir  # noqa: E402
 from gmts.data.prompts import get_template  # noqa: E402
+from gmts.provenance import git_commit, load, machine_record, utc_now  # noqa: E402
 from gmts.rewards.registry import get_reward  # noqa: E402
 
 Row = tuple[str, str]  # (question, gold answer)
