@@ -103,12 +103,15 @@ def real_prompts(tokenizer: Any) -> list[str]:
     """The training prompts of configs/smollm2-135m-instruct/base.yaml (its dataset, template
     and prompt budget), rendered with ``tokenizer``, in the dataset's order."""
     from gmts.train.config import load_config
-    from gmts.train.sources import DatasetSource, load_examples
+    from gmts.train.sources import DatasetSource, load_examples, training_split
 
     cfg = load_config(CONFIG)
     d = cfg.data
     examples = load_examples(
-        d.dataset, split=d.split, question_field=d.question_field, answer_field=d.answer_field
+        d.dataset,
+        split=training_split(d.dataset, d.split),
+        question_field=d.question_field,
+        answer_field=d.answer_field,
     )
     source = DatasetSource(
         examples,

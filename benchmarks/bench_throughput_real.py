@@ -188,14 +188,14 @@ def trl_prompts(trainer: Any, steps: int) -> list[dict[str, Any]]:
     in its order (a copy of its source), as TRL prompts: conversational (the template's
     messages) when gmts rendered them with a chat template, else the question text."""
     from gmts.data.prompts import format_prompt, get_template, has_chat_template, resolve_template
-    from gmts.train.sources import load_examples
+    from gmts.train.sources import load_examples, training_split
 
     cfg = trainer.cfg
     source = copy.deepcopy(trainer.source)
     drawn = source.next(steps * cfg.rollout.questions_per_batch)
     examples = load_examples(
         cfg.data.dataset,
-        split=cfg.data.split,
+        split=training_split(cfg.data.dataset, cfg.data.split),
         question_field=cfg.data.question_field,
         answer_field=cfg.data.answer_field,
     )

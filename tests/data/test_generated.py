@@ -148,3 +148,29 @@ def test_word_problem_configs_train_on_train_and_hold_out_the_test_pairs():
         assert not {numbers(q) for q, _ in train} & {
             numbers(q) for q, _ in held_out[: d.eval_questions]
         }
+
+
+ADDITION_CONFIGS = sorted((REPO / "configs" / "smollm2-135m-instruct").glob("dapo-*.yaml"))
+
+
+def test_a_benchmark_trains_on_its_train_split_when_data_split_is_null():
+    """A benchmark's default split is its evaluation split: with data.split null a run trains
+    on its train split, so the addition configs (which set none) hold out what they evaluate."""
+    from gmts.train.sources import held_out_overlap, training_split
+
+    assert training_split("addition-2digit", None) == "train"
+    assert training_split("addition-2digit", "test") == "test"  # asked for: kept
+    assert training_split("/some/file.jsonl", None) is None
+    assert held_out_overlap("addition-2digit", None, "addition-2digit") is None
+    assert "held-out questions are questions the run trains on" in held_out_overlap(
+        "addition-2digit", "test", "addition-2digit"
+    )
+    assert "the file f.jsonl" in held_out_overlap("f.jsonl", None, "f.jsonl")
+    assert ADDITION_CONFIGS
+    for path in ADDITION_CONFIGS:
+        d = load_config(path).data
+        split = training_split(d.dataset, d.split)
+        train = load_examples(d.dataset, split=split, question_field="", answer_field="")
+        held_out = load_examples(d.eval_dataset, split=None, question_field="", answer_field="")
+        assert len(train) == 6448 and len(held_out) == 1652
+        assert not {q for q, _ in train} & {q for q, _ in held_out}

@@ -121,7 +121,11 @@ class DataConfig:
         ".parquet file. Prompts and answers must be encodable by the model's tokenizer (the "
         "embedded model reads only 0123456789+-*=>; checked before training).",
     )
-    split: str | None = _f(None, "Benchmark split for data.dataset (null: its default).")
+    split: str | None = _f(
+        None,
+        "Benchmark split for data.dataset (null: its train split when it has one, else its "
+        "default; a benchmark's default split is the one it is evaluated on).",
+    )
     question_field: str = _f("problem", "Question field of a dataset file (not benchmarks).")
     answer_field: str = _f("answer", "Answer field of a dataset file (not benchmarks).")
     reward: str = _f(

@@ -29,6 +29,7 @@ import dataclasses
 import math
 import random
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,8 +61,10 @@ from gmts.train.sources import (
     RewardFn,
     TaskSource,
     dataset_reward,
+    held_out_overlap,
     held_out_set,
     load_examples,
+    training_split,
 )
 
 
@@ -285,7 +288,11 @@ def open_data(cfg: TrainConfig, reward_fn: RewardFn | None) -> DataRows:
         fn = reward_fn or dataset_reward(cfg.data.reward, sandbox=cfg.data.sandbox)
         expects = (f"data.reward={cfg.data.reward}", reward_description(cfg.data.reward))
         fields = {"question_field": cfg.data.question_field, "answer_field": cfg.data.answer_field}
-        examples = load_examples(cfg.data.dataset, split=cfg.data.split, **fields)
+        split = training_split(cfg.data.dataset, cfg.data.split)
+        examples = load_examples(cfg.data.dataset, split=split, **fields)
+        overlap = held_out_overlap(cfg.data.dataset, cfg.data.split, cfg.data.eval_dataset)
+        if overlap is not None:
+            warnings.warn(overlap, UserWarning, stacklevel=4)
         if cfg.data.eval_dataset is not None:
             held = load_examples(
                 cfg.data.eval_dataset, split=None, what="data.eval_dataset", **fields

@@ -73,6 +73,40 @@ class TaskSource:
         self.rng.setstate(state["rng"])
 
 
+def training_split(dataset: str, split: str | None) -> str | None:
+    """The split ``data.dataset`` trains on: ``split`` when given; for a registered benchmark
+    with a ``train`` split, that one (its default split is the one it is evaluated on, so a
+    run with ``data.eval_dataset`` of the same benchmark would train on its own held-out
+    questions); else None (the benchmark's only split, or a file)."""
+    if split is not None:
+        return split
+    from gmts.data.benchmarks import available_benchmarks, get_benchmark
+
+    if dataset in available_benchmarks() and "train" in get_benchmark(dataset).splits:
+        return "train"
+    return None
+
+
+def held_out_overlap(dataset: str, split: str | None, eval_dataset: str | None) -> str | None:
+    """A warning when the held-out set is the very split training draws from (``None``: no
+    overlap known): the same benchmark and split, or the same file."""
+    if eval_dataset is None or eval_dataset != dataset:
+        return None
+    from gmts.data.benchmarks import available_benchmarks, get_benchmark
+
+    if dataset in available_benchmarks():
+        evaluated = get_benchmark(dataset).default_split
+        if training_split(dataset, split) != evaluated:
+            return None
+        where = f"split {evaluated!r} of {dataset}"
+    else:
+        where = f"the file {dataset}"
+    return (
+        f"data.dataset and data.eval_dataset are both {where}: the held-out questions are "
+        "questions the run trains on (set data.split or another data.eval_dataset)"
+    )
+
+
 def load_examples(
     dataset: str,
     *,
