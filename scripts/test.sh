@@ -46,8 +46,8 @@ verl_line() {
   bash scripts/setup.sh verl
   .venv-verl/bin/python -m pytest -m "" -q \
     tests/integrations/test_verl_integration_on_cpu.py tests/integrations/test_verl_e2e_on_cpu.py \
-    tests/integrations/test_verl_loss_modes.py tests/conformance/test_conformance_verl.py \
-    tests/integrations/test_verl_real_model_on_cpu.py \
+    tests/integrations/test_verl_loss_modes.py tests/integrations/test_verl_cov_rules.py \
+    tests/conformance/test_conformance_verl.py tests/integrations/test_verl_real_model_on_cpu.py \
     tests/integrations/test_verl_remove_padding_on_cpu.py "$VERL_DRY_RUN"
 }
 vllm_line() {

@@ -286,6 +286,27 @@ ROWS: tuple[Row, ...] = (
         trl=_trl(loss_type="vespo"),
     ),
 )
+_CLIP_COV = {"clip_cov_ratio": 0.2, "clip_cov_lb": 0.4, "clip_cov_ub": 1.0}  # picks selected
+_KL_COV = {"kl_cov_ratio": 0.2, "kl_cov_coef": 0.5}  # tokens here (the rows discriminate)
+ROWS += (
+    Row(
+        "Clip-Cov (verl clip_cov)",
+        {"name": "clip-cov", **_clip(), **_CLIP_COV},
+        lambda lp, old, a, m, ref: refs.ref_clip_cov(
+            lp, old, a, m, _w(lp), {**_clip(), **_CLIP_COV}
+        ),
+        verl=_verl("clip_cov", policy_loss=_CLIP_COV),
+        note="the pick over the whole mini-batch, its draw seeded with selection.seed + step",
+    ),
+    Row(
+        "KL-Cov (verl kl_cov)",
+        {"name": "kl-cov", **_KL_COV},
+        lambda lp, old, a, m, ref: refs.ref_kl_cov(lp, old, a, m, _w(lp), _KL_COV),
+        verl=_verl(
+            "kl_cov", policy_loss={"kl_cov_ratio": 0.2, "ppo_kl_coef": _KL_COV["kl_cov_coef"]}
+        ),
+    ),
+)
 ROW_BY_NAME = {row.name: row for row in ROWS}
 
 

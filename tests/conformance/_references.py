@@ -170,3 +170,45 @@ def ref_kl(lp, ref, estimator, clamp):
         back = 0.5 * d.square()
         value = back - back.detach() + value.detach()
     return value
+
+
+def ref_clip_cov(lp, old, a, mask, w, c, seed=0):
+    """verl compute_policy_loss_clip_cov, its global-RNG draw from a generator seeded ``seed``
+    (what ``torch.manual_seed(seed)`` gives verl's ``torch.randperm``)."""
+    ratio = torch.exp(lp - old)
+    pg1 = -a * ratio
+    pg2 = -a * torch.clamp(ratio, 1 - c["clip_low"], 1 + c["clip_high"])
+    clip_by_origin = (pg2 > pg1) & (mask > 0)
+    n = mask.sum()
+    mean_a = (a * mask).sum() / (n.to(torch.float32) + 1e-8)
+    mean_lp = (lp.detach() * mask).sum() / (n.to(torch.float32) + 1e-8)
+    cov = (a - mean_a) * (lp - mean_lp)
+    cov[mask == 0] = -torch.inf
+    cov[clip_by_origin] = -torch.inf
+    clip_num = max(int(c["clip_cov_ratio"] * int(n)), 1)
+    idx = torch.nonzero((cov < c["clip_cov_ub"]) & (cov > c["clip_cov_lb"]) & (mask > 0))
+    corr = torch.ones_like(a)
+    if len(idx) > 0:
+        perm = torch.randperm(len(idx), generator=torch.Generator().manual_seed(seed))
+        idx = idx[perm[: min(clip_num, len(idx))]]
+        corr[idx[:, 0], idx[:, 1]] = 0
+    return -torch.maximum(pg1, pg2) * corr * w
+
+
+def ref_kl_cov(lp, old, a, mask, w, c):
+    """verl compute_policy_loss_kl_cov: ``r A`` everywhere, ``r A - coef |x|`` at the top
+    ``kl_cov_ratio`` of the valid tokens by centred covariance (torch.topk)."""
+    x = lp - old
+    pg = -a * torch.exp(x)
+    pg_kl = pg + c["kl_cov_coef"] * x.abs()
+    valid = mask > 0
+    flat_idx = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+    adv, logp = a[valid].detach().reshape(-1), lp[valid].detach().reshape(-1)
+    out = pg.clone()
+    if len(adv):
+        cov = (adv - adv.mean()) * (logp - logp.mean())
+        k = max(1, int(len(cov) * c["kl_cov_ratio"]))
+        top = flat_idx[torch.topk(cov, k, largest=True).indices]
+        rows, cols = top // a.shape[1], top % a.shape[1]
+        out[rows, cols] = pg_kl[rows, cols]
+    return -out * w

@@ -59,6 +59,21 @@ def cases():
 
 
 RULES = ("ties-last-batch", "ties-last-group", "quantile", "index")
+# objectives whose batch-level pick is global over the ranks (arXiv 2505.22617's covariance)
+COV_OBJECTIVES = {
+    "clip-cov": gmts.ObjectiveConfig(
+        name="clip-cov", clip_cov_ratio=0.3, clip_cov_lb=-0.5, clip_cov_ub=0.5
+    ),
+    "kl-cov": gmts.ObjectiveConfig(name="kl-cov", kl_cov_ratio=0.3),
+}
+
+
+def cov_picks(name, lp, old, adv, mask, seed, process_group=None):
+    """The objective's pick (shared by the ranks and the single-process reference)."""
+    inputs = gmts.ObjectiveInputs.of(lp.detach(), old, adv, mask)
+    return gmts.objective_picks(
+        COV_OBJECTIVES[name], inputs, seed=seed, process_group=process_group
+    )
 
 
 def select_rule(scores, mask, ratio, largest, rule, group_ids, process_group=None):
@@ -153,6 +168,10 @@ def main() -> None:
         result, loss = gmts_step(lp, old, ref, adv, m, s.abs(), process_group=pg)
         loss.backward()
         results[(name, "step")] = (result.selected, result.threshold, float(loss), lp.grad)
+        for objective in COV_OBJECTIVES:
+            results[(name, objective)] = cov_picks(objective, lp, old, adv, m, seed, pg)
+        results[(name, "quantile")] = gmts.score_quantile(s, m, 0.8, process_group=pg)
+        results[(name, "top-count")] = gmts.select_top_count(s, m, 7, process_group=pg)
     # float64 scores on one rank only: both ranks switch to 64-bit keys (same passes)
     s, m = mixed_dtype_batch()
     rows = share(rank, s.shape[0], 2)

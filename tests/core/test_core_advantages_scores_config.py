@@ -55,7 +55,17 @@ def _inputs(seed=0):
     omega = torch.randn(3, 4, generator=g)
     glogit = torch.rand(3, 4, generator=g)
     mask = torch.ones(3, 4, dtype=torch.bool)
-    return gmts.ScoreInputs(entropy=entropy, omega=omega, logit_grad_norm=glogit, mask=mask)
+    logprobs = -torch.rand(3, 4, generator=g) * 3
+    advantages = torch.randn(3, 1, generator=g).expand(3, 4)
+    return gmts.ScoreInputs(
+        entropy=entropy,
+        omega=omega,
+        logit_grad_norm=glogit,
+        mask=mask,
+        logprobs=logprobs,
+        advantages=advantages,
+        selection=gmts.SelectionConfig(),  # the condition rules read their parameters here
+    )
 
 
 def test_builtin_scores():

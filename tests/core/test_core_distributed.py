@@ -61,7 +61,7 @@ def two_rank_results(tmp_path_factory):
 def test_global_selection_equals_single_process(two_rank_results):
     worker = _load_worker_module()
     r0, r1 = two_rank_results
-    checked = 0
+    checked, picked = 0, 0
     for name, seed, b, t, kind, rows0, edit in worker.cases():
         scores, mask, group_ids = worker.global_batch(seed, b, t, kind)
         if edit == "mask-rank1":
@@ -103,7 +103,21 @@ def test_global_selection_equals_single_process(two_rank_results):
         torch.testing.assert_close(torch.cat([grad0, grad1]), lp.grad, rtol=1e-6, atol=1e-8)
         n_valid = float(mask.sum())
         assert r0[(name, "denominator")] == r1[(name, "denominator")] == max(n_valid, 1.0)
+        # clip-cov's draw and kl-cov's top-k over the ranks == over the concatenated batch
+        for objective in worker.COV_OBJECTIVES:
+            expected = worker.cov_picks(objective, lp, old, adv, mask, seed)
+            got = torch.cat([r0[(name, objective)], r1[(name, objective)]])
+            assert torch.equal(got, expected), (name, objective)
+            picked += int(expected.sum())
+        want = gmts.score_quantile(scores, mask, 0.8)
+        for r in (r0, r1):
+            assert (math.isnan(want) and math.isnan(r[(name, "quantile")])) or r[
+                (name, "quantile")
+            ] == want, name
+        got = torch.cat([r0[(name, "top-count")], r1[(name, "top-count")]])
+        assert torch.equal(got, gmts.select_top_count(scores, mask, 7)), name
     assert checked == 5 * 3 * 2 * 3 + 5 * 4 * 2 * 2
+    assert picked > 0
 
 
 def test_bad_input_on_one_rank_raises_on_every_rank(two_rank_results):

@@ -69,6 +69,10 @@ ref_gpg, ref_dppo, ref_dro, ref_vespo, ref_kl = (
     _refs.ref_vespo,
     _refs.ref_kl,
 )
+ref_clip_cov, ref_kl_cov = _refs.ref_clip_cov, _refs.ref_kl_cov
+# the covariance picks of these batches: a band and ratios that pick some tokens, not all
+CLIP_COV = dict(clip_low=0.2, clip_high=0.28, clip_cov_ratio=0.3, clip_cov_lb=-0.2, clip_cov_ub=0.6)
+KL_COV = dict(kl_cov_ratio=0.25, kl_cov_coef=0.7)
 
 
 # (objective config kwargs, reference fn(lp, old, a, mask, w) -> l, uses weights as multiplier)
@@ -184,6 +188,14 @@ CASES = {
         lambda lp, old, a, m, w: ref_vespo(
             lp, old, a, m, w, dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
         ),
+    ),
+    "clip-cov": (
+        dict(name="clip-cov", **{k: v for k, v in CLIP_COV.items() if k.startswith("clip_cov")}),
+        lambda lp, old, a, m, w: ref_clip_cov(lp, old, a, m, w, CLIP_COV),
+    ),
+    "kl-cov": (
+        dict(name="kl-cov", **KL_COV),
+        lambda lp, old, a, m, w: ref_kl_cov(lp, old, a, m, w, KL_COV),
     ),
     # TRL's sum over the padding: its truncated ratio 1.3 / its masked ratio 0 (log 1e-8)
     **{

@@ -28,7 +28,7 @@ def _random_selections(n: int, seed: int = 0) -> list[gmts.SelectionConfig]:
     out = []
     while len(out) < n:
         values = dict(
-            score=rng.choice(["gmts", "entropy", "omega", "random", "none"]),
+            score=rng.choice(["gmts", "entropy", "omega", "random", "none", "stapo", "rsi"]),
             ratio=rng.choice([0.1, 0.2, 0.35, 1.0]),
             largest=rng.choice([True, False]),
             scope=rng.choice(["batch", "sequence"]),
@@ -40,6 +40,10 @@ def _random_selections(n: int, seed: int = 0) -> list[gmts.SelectionConfig]:
             normalize=rng.choice(["selected", "all"]),
             kl_tokens=rng.choice(["selected", "all"]),
             seed=rng.randrange(100),
+            stapo_prob_threshold=rng.choice([0.002, 0.05]),
+            stapo_entropy_quantile=rng.choice([0.8, 0.5]),
+            rsi_low=rng.choice([0.5, 0.25]),
+            rsi_high=rng.choice([2.0, 3.5]),
         )
         assert set(values) | {"unit"} == set(FIELDS), "a new field: draw it here too"
         try:

@@ -308,26 +308,36 @@ def _assert_omega_is_trls_gradient(trainer, inputs, mode, clip, case):
         selection = SelectionConfig(
             score="gmts", ratio=0.3, unit="micro-batch", normalize="all", kl_tokens="all"
         )
-        trainer.gmts_selection = selection
-        recorded = []
-        select = trainer._gmts_select
-
-        def recording(*args, **kwargs):
-            out = select(*args, **kwargs)
-            recorded.append(out.selected)
-            return out
-
-        trainer._gmts_select = recording
-        trainer.top_entropy_quantile = 0.5  # TRL then applies get_high_entropy_mask, patched:
-        trainer.get_high_entropy_mask = lambda entropies, m, threshold: top
-        try:
-            ours = tb.loss_and_grads(tb.gmts_compute_loss, trainer, inputs, logprobs, entropy)
-            trl_masked = tb.loss_and_grads(tb.trl_compute_loss, trainer, inputs, logprobs, entropy)
-        finally:
-            del trainer._gmts_select, trainer.get_high_entropy_mask
-            trainer.top_entropy_quantile = 1.0
-    assert torch.equal(recorded[-1], top)
+        selected, ours, trl_masked = _ours_and_trls_with_mask(
+            trainer, selection, top, inputs, logprobs, entropy
+        )
+    assert torch.equal(selected, top)
     _assert_same(ours, trl_masked, **tolerance)
+
+
+def _ours_and_trls_with_mask(trainer, selection, mask, inputs, logprobs, entropy):
+    """``(our selection, our loss and grads, TRL's with its entropy mask replaced by mask)``:
+    GMTSGRPOTrainer under ``selection``, and TRL's own _compute_loss whose
+    ``get_high_entropy_mask`` returns ``mask``."""
+    trainer.gmts_selection = selection
+    recorded = []
+    select = trainer._gmts_select
+
+    def recording(*args, **kwargs):
+        out = select(*args, **kwargs)
+        recorded.append(out.selected)
+        return out
+
+    trainer._gmts_select = recording
+    trainer.top_entropy_quantile = 0.5  # TRL then applies get_high_entropy_mask, patched:
+    trainer.get_high_entropy_mask = lambda entropies, m, threshold: mask
+    try:
+        ours = tb.loss_and_grads(tb.gmts_compute_loss, trainer, inputs, logprobs, entropy)
+        theirs = tb.loss_and_grads(tb.trl_compute_loss, trainer, inputs, logprobs, entropy)
+    finally:
+        del trainer._gmts_select, trainer.get_high_entropy_mask
+        trainer.top_entropy_quantile = 1.0
+    return recorded[-1], ours, theirs
 
 
 # ------------------------------------------------------------------------------------------
@@ -765,3 +775,43 @@ def _assert_step_unit_equals_one_micro_batch(
     logged = trainer._metrics["train"]
     assert logged["gmts/unit_valid_tokens"][-1] == n  # one unit: both micro-batches
     assert logged["gmts/unit_selected_tokens"][-1] <= math.ceil(0.3 * n)
+
+
+# ------------------------------------------------------------------------------------------
+# the condition rules (STAPO, RSI-S) in TRL: the rule's mask, then TRL's own loss on it
+
+
+def _condition_mask(rule: str, inputs: dict, logprobs, entropy):
+    """The rule written out (tests/core/test_core_rule_scores.py checks the core against the
+    same definitions): STAPO keeps all but A > 0, p < 0.3, H < quantile(H, 0.8); RSI-S keeps
+    0.5 <= -log p / H <= 2."""
+    mask = inputs["completion_mask"].bool()
+    if rule == "stapo":
+        tau_h = torch.quantile(entropy[mask].float(), 0.8)
+        positive = (inputs["advantages"] > 0)[:, None].expand_as(mask)
+        spurious = positive & (logprobs.exp() < 0.3) & (entropy < tau_h)
+        return mask & ~spurious
+    rsi = -logprobs / entropy
+    return mask & (rsi >= 0.5) & (rsi <= 2.0)
+
+
+@pytest.mark.parametrize("rule", ["stapo", "rsi"])
+def test_condition_rules_run_in_trl_with_trls_own_loss(trainer, batches, rule):
+    """gmts_score=stapo / rsi at ratio 1, each micro-batch on its own, normalize='all': the
+    selection is the rule's mask, and the loss and gradients are TRL's own _compute_loss with
+    its entropy mask replaced by that mask."""
+    inputs, clip = batches["on-policy"]
+    logprobs, entropy = tb.current_policy(inputs, seed=4)
+    want = _condition_mask(rule, inputs, logprobs, entropy)
+    mask = inputs["completion_mask"].bool()
+    assert 0 < int(want.sum()) < int(mask.sum())  # the rule keeps some tokens, not all
+    params = dict(stapo_prob_threshold=0.3) if rule == "stapo" else {}
+    selection = SelectionConfig(
+        score=rule, ratio=1.0, unit="micro-batch", normalize="all", kl_tokens="all", **params
+    )
+    with configured(trainer, "on-policy", clip, loss_type="dapo"):
+        selected, ours, theirs = _ours_and_trls_with_mask(
+            trainer, selection, want, inputs, logprobs, entropy
+        )
+    assert torch.equal(selected, want)
+    _assert_same(ours, theirs)

@@ -425,8 +425,14 @@ def test_actor_settings_gmts_cannot_honour_raise():
         GMTSPolicyLoss(_actor_config(loss_agg_mode="seq-mean-token-sum-norm"), _settings())
     with pytest.raises(ValueError, match="kl_loss_type='full'"):
         GMTSPolicyLoss(_actor_config(kl_loss_type="full"), _settings())
-    with pytest.raises(ValueError, match="loss_mode=clip_cov"):
-        config = _actor_config(policy_loss=PolicyLossConfig(loss_mode="clip_cov"))
+    # clip_cov under GMTS: the core's clip-cov with verl's parameters; a band verl would
+    # accept but that holds no token (lb >= ub) is named
+    config = _actor_config(policy_loss=PolicyLossConfig(loss_mode="clip_cov"))
+    assert GMTSPolicyLoss(config, _settings()).objective.name == "clip-cov"
+    with pytest.raises(ValueError, match="clip_cov_lb must be < clip_cov_ub"):
+        config = _actor_config(
+            policy_loss=PolicyLossConfig(loss_mode="clip_cov", clip_cov_lb=5.0, clip_cov_ub=1.0)
+        )
         GMTSPolicyLoss(config, _settings())
     # each answer divided by its |o_i| under normalize='all': every mode zeroes through weights
     config = _actor_config(
@@ -459,8 +465,10 @@ def test_legacy_trainer_with_dapo_group_filtering_is_refused():
 def test_driver_checks_the_actor_settings_before_ray_starts():
     """verl's composed Hydra config (a DictConfig): the workers' actor check, on the driver."""
     clip_cov = "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"
-    with pytest.raises(ValueError, match="clip_cov removes"):
-        plugin.check_trainer_config(_verl_config(clip_cov), _settings(score="gmts"))
+    empty_band = "actor_rollout_ref.actor.policy_loss.clip_cov_lb=9.0"  # above ub = 5
+    with pytest.raises(ValueError, match="clip_cov_lb must be < clip_cov_ub"):
+        plugin.check_trainer_config(_verl_config(clip_cov, empty_band), _settings(score="gmts"))
+    plugin.check_trainer_config(_verl_config(clip_cov), _settings(score="gmts"))
     plugin.check_trainer_config(_verl_config(clip_cov), _settings(score="entropy"))
     kl_full = [
         "actor_rollout_ref.actor.use_kl_loss=true",

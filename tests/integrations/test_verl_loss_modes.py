@@ -10,9 +10,11 @@ For each loss mode and KL type GMTS composes with:
   log-probs (``gmts.loss_omega``), divided by that loss's aggregation weight of each token;
 - with a real selection, the plugin selects what the core selects with that objective and its
   loss equals the core's ``policy_loss`` (the oracle);
-- for the modes whose omega is not defined before the loss runs (clip_cov, kl_cov,
-  bypass_mode's batch-normalised IS weights), entropy scores work: each selected token's
-  gradient is verl's own, divided by S instead of N; unselected tokens get none;
+- with scores that need no omega, verl's own function picks (clip_cov, kl_cov: per
+  micro-batch, the draw included) or normalises (bypass_mode's batch-normalised IS weights, whose
+  omega is not defined before the loss runs): each selected token's gradient is verl's own,
+  divided by S instead of N; unselected tokens get none (clip_cov and kl_cov with an omega score:
+  tests/integrations/test_verl_cov_rules.py);
 - every refused combination raises with its reason.
 """
 
@@ -96,7 +98,8 @@ OMEGA_CASES = {
         rollout_rs_threshold=0.03,
     ),
 }
-# modes whose omega is not defined before the loss: entropy / random scores only
+# entropy scores with verl's own function: clip_cov and kl_cov pick per micro-batch (their
+# omega-score path: test_verl_cov_rules.py); bypass_mode's batch-normalised weights have no omega
 ENTROPY_CASES = {
     "clip_cov": {
         "policy_loss": {
@@ -436,8 +439,6 @@ def test_clip_cov_draw_acts_in_these_batches():
 
 
 REFUSED = [
-    ("clip_cov", {}, {"score": "gmts"}, "clip_cov removes the policy gradient of tokens drawn"),
-    ("kl_cov", {}, {"score": "omega"}, "kl_cov adds ppo_kl_coef"),
     ("vanilla", {"kl_loss_type": "full"}, {"score": "entropy"}, "full next-token distributions"),
     ("vanilla", {"kl_loss_type": "k7"}, {"score": "entropy"}, "not one of verl 0.9.1's KL types"),
     (

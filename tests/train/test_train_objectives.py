@@ -37,6 +37,14 @@ OBJECTIVES = {
     "dppo-kl": ["objective.name=dppo-kl", "objective.ratio_cap=3.0"],
     "dro": ["objective.name=dro", "objective.dro_beta=0.1"],
     "vespo": ["objective.name=vespo"],
+    # the covariance picks at ratios that act on a tiny batch (verl's default 0.0002 picks one)
+    "clip-cov": [
+        "objective.name=clip-cov",
+        "objective.clip_cov_ratio=0.1",
+        "objective.clip_cov_lb=-1.0",
+        "objective.clip_cov_ub=1.0",
+    ],
+    "kl-cov": ["objective.name=kl-cov", "objective.kl_cov_ratio=0.1", "objective.kl_cov_coef=0.5"],
     "dr-grpo": ["objective.aggregation=seq-mean-token-sum-norm", "rollout.std_normalize=false"],
 }
 
@@ -70,6 +78,10 @@ def test_the_trainer_runs_every_objective(tiny_dir, tmp_path, algorithm, case):
     for row in read_metrics(tmp_path / "run"):
         assert row["update/skipped_nonfinite"] == 0 and math.isfinite(row["update/loss"])
         assert 0 < row["select/fraction"] <= 0.3 + 2 / row["response/tokens"] + 1e-9
+        if case in ("clip-cov", "kl-cov"):  # at most max(1, int(0.1 N)) tokens a mini-batch
+            assert 0 < row["update/picked_fraction"] <= 0.1 + 2 / row["response/tokens"], case
+        else:
+            assert "update/picked_fraction" not in row
 
 
 def test_reference_code_preset_trains_with_per_group_normalisation(tiny_dir, tmp_path):

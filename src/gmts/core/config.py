@@ -16,7 +16,7 @@ from typing import Any
 from gmts.core._config_utils import check_choice
 from gmts.core._config_utils import help_meta as _help
 from gmts.core.objectives import OMEGA_METHODS
-from gmts.core.scores import available_scores, score_help
+from gmts.core.scores import available_scores, is_condition, score_help
 from gmts.core.selection import COUNT_RULES, SCOPES, THRESHOLD_RULES, TIE_RULES
 
 __all__ = [
@@ -44,6 +44,15 @@ KL_TOKENS_HELP = (
     "Tokens that carry the KL penalty: selected (KL inside l, eq. 2) or all (every valid "
     "token, as every existing implementation)."
 )
+
+
+def _real(value: Any) -> bool:
+    """A finite real number (not a bool)."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,36 @@ class SelectionConfig:
     kl_tokens: str = field(default="selected", metadata=_help(KL_TOKENS_HELP))
     seed: int = field(
         default=0,
-        metadata=_help("Seed of the 'random' score (its generator is seeded with seed + step)."),
+        metadata=_help(
+            "Seed of the 'random' score and of an objective's random pick (clip-cov): their "
+            "generators are seeded with seed + step."
+        ),
+    )
+    stapo_prob_threshold: float = field(
+        default=0.002,
+        metadata=_help(
+            "score=stapo: tau_p, a token is spurious only if its probability is below it "
+            "(STAPO, arXiv 2602.15620: 0.002, a fixed absolute value)."
+        ),
+    )
+    stapo_entropy_quantile: float = field(
+        default=0.8,
+        metadata=_help(
+            "score=stapo: tau_h is this quantile of the valid tokens' entropies over the "
+            "selection unit (torch.quantile's interpolation); a spurious token's entropy is "
+            "below it (STAPO: the 80% quantile of each mini-batch)."
+        ),
+    )
+    rsi_low: float = field(
+        default=0.5,
+        metadata=_help(
+            "score=rsi: keep tokens whose relative surprisal index -log p / entropy is at "
+            "least this (RSI-S, arXiv 2606.31575; our choice, docs/semantics.md section 3)."
+        ),
+    )
+    rsi_high: float = field(
+        default=2.0,
+        metadata=_help("score=rsi: ... and at most this (our choice, as rsi_low)."),
     )
 
     def __post_init__(self) -> None:
@@ -156,6 +194,32 @@ class SelectionConfig:
         check_choice("kl_tokens", self.kl_tokens, KL_TOKEN_MODES)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self._check_rule_parameters()
+        if is_condition(self.score) and (
+            self.ratio != 1 or not self.largest or self.zero_scores != "skip"
+        ):
+            raise ValueError(
+                f"score {self.score!r} is a condition (1 on the tokens it keeps, 0 elsewhere): "
+                "use ratio=1, largest=True and zero_scores='skip' (the selection is then the "
+                f"condition), got ratio={self.ratio!r}, largest={self.largest!r}, "
+                f"zero_scores={self.zero_scores!r}"
+            )
+
+    def _check_rule_parameters(self) -> None:
+        """The selection rules' own parameters (each read by one score only)."""
+        for name, low, high in (
+            ("stapo_prob_threshold", 0.0, 1.0),
+            ("stapo_entropy_quantile", 0.0, 1.0),
+        ):
+            value = getattr(self, name)
+            if not (_real(value) and low <= value <= high):
+                raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+        for name in ("rsi_low", "rsi_high"):
+            value = getattr(self, name)
+            if not (_real(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.rsi_low > self.rsi_high:
+            raise ValueError(f"rsi_low must be <= rsi_high, got {self.rsi_low} > {self.rsi_high}")
 
     @property
     def enabled(self) -> bool:

@@ -448,6 +448,7 @@ def policy_loss(
     denominators: LossDenominators | None = None,
     importance_weights: torch.Tensor | None = None,
     group_ids: torch.Tensor | None = None,
+    picked: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, TokenSums]:
     """The (token-selective) policy loss of a batch, and its token sums.
 
@@ -468,6 +469,9 @@ def policy_loss(
             >= 0 that multiply the policy term (as the objective applies them; never the KL),
             or None.
         group_ids: ``(B,)`` question-group ids, required by ``normalize='per-group'``.
+        picked: ``(B, T)`` bool, the batch-level pick of an objective that has one (clip-cov,
+            kl-cov) made over the whole update unit: :func:`gmts.selection_step`'s
+            ``picked`` rows. None: the objective picks over this batch alone (seed 0).
 
     Returns:
         ``(loss, sums)``: the scalar loss to minimise and this batch's (unreduced)
@@ -484,7 +488,7 @@ def policy_loss(
     # masked positions (inf, nan, huge ratios) cannot leak nan into the gradients.
     inputs = ObjectiveInputs.of(
         logprobs, old_logprobs, advantages, mask,
-        ref_logprobs=ref_logprobs, importance_weights=importance_weights,
+        ref_logprobs=ref_logprobs, importance_weights=importance_weights, picked=picked,
     )  # fmt: skip
     parts = _objective_terms(objective, inputs)
     carriers = mask & selected if selected is not None else mask  # P

@@ -1,14 +1,18 @@
 """Token scores: a registry of functions with one signature, ``fn(inputs) -> (B, T)``.
 
 Scores never carry gradients. Built-in names: ``"entropy"`` (ETS), ``"gmts"`` (|E * omega|,
-the paper's delta), ``"random"`` (seeded control), ``"omega"`` (|omega|, ablation) and
-``"logit-grad"`` (|omega| * G, G the exact logit-gradient norm of Proposition 3.1).
+the paper's delta), ``"random"`` (seeded control), ``"omega"`` (|omega|, ablation),
+``"logit-grad"`` (|omega| * G, G the exact logit-gradient norm of Proposition 3.1), and the
+condition rules ``"stapo"`` (STAPO's S2T mask, arXiv 2602.15620) and ``"rsi"`` (RSI-S's
+interval of the relative surprisal index, arXiv 2606.31575).
 
 A score is also how a new selection rule plugs in: its ``requires`` names what it reads of
 :class:`ScoreInputs` (the statistics, the log-probs, the advantages), every engine fills exactly
 those (:func:`gmts.select_for_update`), and an engine that cannot feed one refuses the score
 when it is configured (:mod:`gmts.core.support`). A rule that keeps the tokens meeting a
-condition is a 0/1 score with ``ratio=1`` and ``zero_scores="skip"``.
+condition is a 0/1 score registered with ``condition=True``: ``SelectionConfig`` then requires
+``ratio=1`` and ``zero_scores="skip"`` (a top selection of every token, the zeros dropped), so
+the selection is the condition.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import torch
 
 from gmts._registry import Registry
+from gmts.core.selection import score_quantile
 
 __all__ = [
     "STATISTICS",
@@ -31,6 +36,7 @@ __all__ = [
     "get_score",
     "available_scores",
     "compute_scores",
+    "is_condition",
     "score_help",
 ]
 
@@ -73,11 +79,13 @@ ScoreFn = Callable[[ScoreInputs], torch.Tensor]
 
 @dataclass(frozen=True)
 class Score:
-    """A registered score: its function, the ScoreInputs fields it reads, one line of help."""
+    """A registered score: its function, the ScoreInputs fields it reads, one line of help,
+    and whether it is a 0/1 condition (kept at ratio 1, zeros skipped)."""
 
     fn: ScoreFn
     requires: frozenset[str]
     help: str = ""
+    condition: bool = False
 
 
 _SCORES: Registry[Score] = Registry("score", reserved=("none",))
@@ -93,13 +101,19 @@ the others, mask, log-probs and advantages, every engine has at its update)."""
 
 
 def register_score(
-    name: str, requires: set[str] | frozenset[str] = frozenset(), *, help: str = ""
+    name: str,
+    requires: set[str] | frozenset[str] = frozenset(),
+    *,
+    help: str = "",
+    condition: bool = False,
 ) -> Callable[[ScoreFn], ScoreFn]:
     """Decorator registering ``fn(inputs: ScoreInputs) -> (B, T)`` under ``name``.
 
     ``requires`` names the ScoreInputs fields the score reads (so callers compute only those);
     ``help`` is its line in ``SelectionConfig.score``'s help (the built-in scores') and in the
-    engines' generated option help. A duplicate name raises ValueError.
+    engines' generated option help; ``condition``: the score is 1 on the tokens to keep and 0
+    elsewhere (``SelectionConfig`` then requires ``ratio=1``, ``zero_scores='skip'``). A
+    duplicate name raises ValueError.
     """
     unknown = set(requires) - _INPUT_FIELDS
     if unknown:
@@ -108,7 +122,7 @@ def register_score(
         )
 
     def decorator(fn: ScoreFn) -> ScoreFn:
-        _SCORES.add(name, Score(fn, frozenset(requires), help))
+        _SCORES.add(name, Score(fn, frozenset(requires), help, condition))
         return fn
 
     return decorator
@@ -129,6 +143,11 @@ def available_scores() -> list[str]:
 def get_score(name: str) -> ScoreFn:
     """The score function called ``name``; unknown names raise ValueError listing valid ones."""
     return _SCORES.get(name).fn
+
+
+def is_condition(name: str) -> bool:
+    """Whether score ``name`` is a 0/1 condition (``register_score(condition=True)``)."""
+    return name != "none" and _SCORES.get(name).condition
 
 
 def score_requirements(name: str) -> frozenset[str]:
@@ -200,3 +219,60 @@ def random_score(inputs: ScoreInputs) -> torch.Tensor:
     mask = _t(inputs.mask)
     generator = torch.Generator().manual_seed(int(inputs.seed))
     return torch.rand(tuple(mask.shape), generator=generator).to(mask.device)
+
+
+# --------------------------------------------------------------------------------------------
+# condition rules: 1 on the tokens kept, 0 elsewhere (SelectionConfig: ratio 1, zeros skipped)
+
+
+def _selection(inputs: ScoreInputs, name: str) -> Any:
+    if inputs.selection is None:
+        raise ValueError(f"score {name!r} reads its parameters from ScoreInputs.selection")
+    return inputs.selection
+
+
+@register_score(
+    "stapo",
+    requires={"entropy", "logprobs", "advantages", "mask"},
+    help="STAPO's S2T: 0 on the spurious tokens (A > 0, p < stapo_prob_threshold, entropy below "
+    "the batch's stapo_entropy_quantile), 1 elsewhere; a condition",
+    condition=True,
+)
+def stapo_score(inputs: ScoreInputs) -> torch.Tensor:
+    """STAPO (arXiv 2602.15620): a token is spurious when ``A_t > 0``, ``pi(o_t) < tau_p`` and
+    ``E_t < tau_h``, ``tau_h`` the ``stapo_entropy_quantile`` quantile of the valid tokens'
+    entropies over the selection unit (all ranks); 0 there, 1 elsewhere."""
+    selection = _selection(inputs, "stapo")
+    mask, entropy = _t(inputs.mask).bool(), _t(inputs.entropy)
+    tau_h = score_quantile(
+        entropy, mask, selection.stapo_entropy_quantile, process_group=inputs.process_group
+    )
+    probability = torch.exp(_t(inputs.logprobs))
+    spurious = (
+        (_t(inputs.advantages) > 0)
+        & (probability < selection.stapo_prob_threshold)
+        & (entropy < tau_h)
+    )  # (B, T); tau_h is nan for an empty batch: nothing is spurious
+    return (~spurious).to(entropy.dtype)
+
+
+@register_score(
+    "rsi",
+    requires={"entropy", "logprobs"},
+    help="RSI-S: 1 where the relative surprisal index -log p / entropy lies in [rsi_low, "
+    "rsi_high] (entropy > 0), 0 elsewhere; a condition",
+    condition=True,
+)
+def rsi_score(inputs: ScoreInputs) -> torch.Tensor:
+    """RSI-S (arXiv 2606.31575): keep the tokens whose relative surprisal index
+    ``RSI_t = -log pi(o_t) / E_t`` lies in ``[rsi_low, rsi_high]``; compared without dividing,
+    ``rsi_low E <= -log p <= rsi_high E``, and only where ``E_t > 0`` (a one-hot
+    distribution has no RSI: its token is the redundant kind the rule drops)."""
+    selection = _selection(inputs, "rsi")
+    entropy, surprisal = _t(inputs.entropy), -_t(inputs.logprobs)
+    kept = (
+        (entropy > 0)
+        & (surprisal >= selection.rsi_low * entropy)
+        & (surprisal <= selection.rsi_high * entropy)
+    )  # (B, T)
+    return kept.to(entropy.dtype)

@@ -48,6 +48,8 @@ __all__ = [
     "COUNT_RULES",
     "SCOPES",
     "TIE_RULES",
+    "score_quantile",
+    "select_top_count",
     "select_tokens",
     "selection_threshold",
     "selection_count",
@@ -359,11 +361,13 @@ def _select(
     max_rows: int,
     group: Any,
     reverse_ranks: bool = False,
+    fixed_k: int | None = None,
 ) -> torch.Tensor:
     """Selection on ``values`` (B, T), float32 or float64 without -0.0 (see select_tokens).
 
     ``reverse_ranks``: the global order runs from the last rank to the first (``ties='last'``,
-    each rank's rows already reversed by the caller)."""
+    each rank's rows already reversed by the caller). ``fixed_k``: every unit keeps
+    ``min(fixed_k, N_u)`` tokens instead of the count rule's k."""
     device = values.device
     rows, cols = values.shape
     unit_row, n_units = _units(scope, rows, max_rows, group_ids, device, group)  # (B,)
@@ -374,7 +378,10 @@ def _select(
     counts = torch.zeros(n_units, dtype=torch.int64, device=device)
     counts.scatter_add_(0, unit_row, torch.count_nonzero(mask, dim=1))
     counts = dist_utils.all_reduce_sum(counts, group)  # (U,) global valid tokens per unit
-    k = _counts_to_k(counts, frac, count)  # (U,)
+    if fixed_k is None:
+        k = _counts_to_k(counts, frac, count)  # (U,)
+    else:
+        k = counts.clamp(max=fixed_k)  # (U,)
 
     threshold, k_rem = _radix_threshold(
         values, mask, k, largest, unit_row, n_units, batch_scope, group
@@ -490,11 +497,7 @@ def _select_beyond_threshold(
 
     if count == "quantile":
         q = (1 - ratio) if largest else float(ratio)
-        rank = torch.tensor(q, dtype=torch.float32) * (n - 1)
-        lo, hi = int(rank.floor()), int(rank.ceil())
-        low_value = kth_smallest(lo).float()
-        high_value = low_value if hi == lo else kth_smallest(hi).float()
-        threshold = torch.lerp(low_value, high_value, rank - lo)
+        threshold = _float32_quantile(kth_smallest, q, n)
         if scores.dtype == torch.float64:
             # TRL compares `entropies * mask.float()` with the float32 threshold: float64
             # entropies stay float64 and the threshold is widened, so a score just below it
@@ -508,6 +511,81 @@ def _select_beyond_threshold(
         threshold = kth_smallest(m - 1) if largest else kth_smallest(n - m)
     kept = values >= threshold if largest else values <= threshold
     return kept & mask
+
+
+def _float32_quantile(kth_smallest: Any, q: float, n: int) -> torch.Tensor:
+    """``torch.quantile(v, q)`` of ``n >= 1`` ascending values read by ``kth_smallest(i)``, as
+    torch computes it: ``rank = float32(q) * (n - 1)``, linear interpolation in float32."""
+    rank = torch.tensor(q, dtype=torch.float32) * (n - 1)
+    lo, hi = int(rank.floor()), int(rank.ceil())
+    low_value = kth_smallest(lo).float()
+    high_value = low_value if hi == lo else kth_smallest(hi).float()
+    return torch.lerp(low_value, high_value, rank - lo)
+
+
+def score_quantile(
+    scores: torch.Tensor, mask: torch.Tensor, q: float, *, process_group: Any = None
+) -> float:
+    """``torch.quantile`` of the valid scores at ``q`` (linear interpolation, in float32, as
+    ``count='quantile'`` computes its threshold), global over ``process_group``; nan when no
+    token is valid. Exact at any N (two order statistics of the radix select; torch's own
+    quantile raises above 2^24 elements).
+
+    Args:
+        scores: ``(B, T)`` float, finite at valid positions. mask: ``(B, T)`` bool.
+        q: in [0, 1].
+    """
+    if not (isinstance(q, (int, float)) and not isinstance(q, bool) and 0.0 <= q <= 1.0):
+        raise ValueError(f"q must be a number in [0, 1], got {q!r}")
+    _, _, _, group = _checked_selection(
+        scores, mask, True, "batch", None, process_group, "quantile", "first"
+    )
+    with torch.no_grad():
+        values = _working_scores(scores.detach(), wide=False)
+        n = int(dist_utils.all_reduce_sum(torch.count_nonzero(mask).reshape(1), group))
+        if n == 0:
+            return float("nan")
+        unit_row = torch.zeros(values.shape[0], dtype=torch.int64, device=values.device)
+
+        def kth_smallest(position: int) -> torch.Tensor:
+            k = torch.tensor([n - position], dtype=torch.int64, device=values.device)
+            threshold, _ = _radix_threshold(values, mask, k, True, unit_row, 1, True, group)
+            return threshold[0]
+
+        return float(_float32_quantile(kth_smallest, float(q), n))
+
+
+def select_top_count(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    k: int,
+    *,
+    largest: bool = True,
+    process_group: Any = None,
+) -> torch.Tensor:
+    """Exactly ``min(k, N)`` valid tokens of the whole (global) batch by score: a given count
+    instead of a ratio (e.g. an engine's own ``max(1, int(N * ratio))``), ties to the earliest
+    in global row-major order, as :func:`select_tokens` with ``ties='first'``.
+
+    Args:
+        scores: ``(B, T)`` float, finite at valid positions. mask: ``(B, T)`` bool.
+        k: tokens to keep (>= 0). process_group: the selection is global over its ranks.
+
+    Returns:
+        ``(B, T)`` bool.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    # (checked as a threshold rule: the radix path below reads every valid score, so they
+    # must be finite, which the single-batch path would check by itself)
+    _, max_rows, wide, group = _checked_selection(
+        scores, mask, largest, "batch", None, process_group, "quantile", "first"
+    )
+    with torch.no_grad():
+        values = _working_scores(scores.detach(), wide)
+        return _select(
+            values, mask, Fraction(1), "ceil", largest, "batch", None, max_rows, group, fixed_k=k
+        )
 
 
 _BRACKET_MIN_N = 1 << 20  # below this one torch.kthvalue is already cheap

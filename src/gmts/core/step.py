@@ -21,7 +21,13 @@ import torch
 from gmts.core import distributed as dist_utils
 from gmts.core.config import SelectionConfig
 from gmts.core.loss import LossConfig, LossDenominators, TokenSums, applied_aggregation
-from gmts.core.objectives import ObjectiveConfig, gradient_coefficient
+from gmts.core.objectives import (
+    ObjectiveConfig,
+    ObjectiveInputs,
+    get_objective,
+    gradient_coefficient,
+    objective_picks,
+)
 from gmts.core.scores import ScoreInputs, available_scores, compute_scores, score_requirements
 from gmts.core.selection import select_tokens, selection_threshold
 
@@ -51,12 +57,16 @@ class SelectionResult:
             selection), nan if nothing was selected, None for score='none'.
         compared: ``(B, T)`` bool: the selection score ``compare_with`` makes with the same
             settings and inputs (None when none was asked for, and for score='none').
+        picked: ``(B, T)`` bool: the objective's batch-level pick over these rows (clip-cov,
+            kl-cov: :func:`gmts.objective_picks`), which omega used and the loss must use
+            (``policy_loss(picked=...)``); None for an objective without one.
     """
 
     selected: torch.Tensor | None
     scores: torch.Tensor | None
     threshold: float | None
     compared: torch.Tensor | None = None
+    picked: torch.Tensor | None = None
 
 
 def select_for_update(
@@ -75,6 +85,7 @@ def select_for_update(
     step: int = 0,
     importance_weights: torch.Tensor | None = None,
     compare_with: str | None = None,
+    picked: torch.Tensor | None = None,
 ) -> SelectionResult:
     """Score the tokens with ``config.score`` and select the top (or bottom) ``config.ratio``
     of exactly the rows given (one selection unit: :func:`selection_step` slices the units).
@@ -101,13 +112,12 @@ def select_for_update(
             ``config`` with that score would make (for an overlap metric), from the same
             inputs (omega computed once when both read it): one more score and top-k, equal to
             a second call with ``dataclasses.replace(config, score=compare_with)``.
+        picked: ``(B, T)`` bool, the objective's batch-level pick of these rows
+            (:func:`gmts.objective_picks`); None: made here over these rows (global over
+            ``process_group``, its draw seeded with ``config.seed + step``) when the objective
+            has one. Returned as ``picked``, for the loss.
     """
     _check_arguments(config, objective, compare_with)
-    if not config.enabled:
-        return SelectionResult(selected=None, scores=None, threshold=None)
-    needs = score_requirements(config.score)
-    if compare_with is not None:
-        needs = needs | score_requirements(compare_with)
     batch = UpdateBatch(
         logprobs=logprobs,
         old_logprobs=old_logprobs,
@@ -118,7 +128,14 @@ def select_for_update(
         logit_grad_norm=logit_grad_norm,
         importance_weights=importance_weights,
     )
-    omega = _omega(config, objective, batch) if "omega" in needs else None
+    if picked is None:
+        picked = _unit_picks(config, objective, batch, step, process_group)
+    if not config.enabled:
+        return SelectionResult(selected=None, scores=None, threshold=None, picked=picked)
+    needs = score_requirements(config.score)
+    if compare_with is not None:
+        needs = needs | score_requirements(compare_with)
+    omega = _omega(config, objective, batch, picked) if "omega" in needs else None
     inputs = _score_inputs(config, batch, needs, omega, step, process_group)
     scores = compute_scores(config.score, inputs)
     selected = _top(config, scores, response_mask, group_ids, process_group)
@@ -129,7 +146,25 @@ def select_for_update(
     if compare_with is not None:
         other = compute_scores(compare_with, inputs)
         compared = _top(config, other, response_mask, group_ids, process_group)
-    return SelectionResult(selected=selected, scores=scores, threshold=threshold, compared=compared)
+    return SelectionResult(
+        selected=selected, scores=scores, threshold=threshold, compared=compared, picked=picked
+    )
+
+
+def _unit_picks(
+    config: SelectionConfig,
+    objective: ObjectiveConfig,
+    b: UpdateBatch,
+    step: int,
+    process_group: Any,
+) -> torch.Tensor | None:
+    """The objective's batch-level pick of one unit (None without one): over the unit's rows
+    of every rank, from the current (detached) log-probs, drawn with ``config.seed + step``
+    (the same seed on every rank: the draw is one global permutation)."""
+    if get_objective(objective.name).picks is None:
+        return None
+    inputs = ObjectiveInputs.of(b.logprobs.detach(), b.old_logprobs, b.advantages, b.response_mask)
+    return objective_picks(objective, inputs, seed=config.seed + step, process_group=process_group)
 
 
 def _check_arguments(
@@ -143,9 +178,14 @@ def _check_arguments(
         raise ValueError(f"compare_with must be one of {available_scores()}, got {compare_with!r}")
 
 
-def _omega(config: SelectionConfig, objective: ObjectiveConfig, b: UpdateBatch) -> torch.Tensor:
-    """``(B, T)`` omega of ``objective`` at the current (detached) log-probs, times the
-    aggregation's per-token weight with ``config.omega_weighting``."""
+def _omega(
+    config: SelectionConfig,
+    objective: ObjectiveConfig,
+    b: UpdateBatch,
+    picked: torch.Tensor | None,
+) -> torch.Tensor:
+    """``(B, T)`` omega of ``objective`` at the current (detached) log-probs (with the unit's
+    ``picked``), times the aggregation's per-token weight with ``config.omega_weighting``."""
     omega = gradient_coefficient(
         objective,
         b.logprobs.detach(),
@@ -155,6 +195,7 @@ def _omega(config: SelectionConfig, objective: ObjectiveConfig, b: UpdateBatch) 
         ref_logprobs=b.ref_logprobs if objective.kl_coef > 0 else None,
         importance_weights=b.importance_weights,
         method=config.omega,
+        picked=picked,
     )
     if config.omega_weighting:  # the weight of the aggregation the loss applies
         aggregation = applied_aggregation(objective, config.normalize, selection=True)
@@ -371,6 +412,9 @@ class SelectionStep:
         overlap: with the ``compare_with`` score's selection, or None.
         unit_divisor: the divisors are eq. 2's over the selection unit (a selection with
             ``normalize='selected'``): every part of the unit keeps them (:meth:`part`).
+        picked: ``(B, T)`` bool, the objective's batch-level pick of each unit (clip-cov,
+            kl-cov), which omega used: pass it to ``policy_loss(picked=...)``; None for an
+            objective without one.
     """
 
     selected: torch.Tensor | None
@@ -380,6 +424,7 @@ class SelectionStep:
     threshold: float | None = None
     overlap: SelectionOverlap | None = None
     unit_divisor: bool = False
+    picked: torch.Tensor | None = None
 
     def part(self, rows: slice, own_divisor: OwnDivisor | None = None) -> SelectionStep:
         """The step restricted to ``rows`` of its batch (one micro-batch of a unit that spans
@@ -387,10 +432,13 @@ class SelectionStep:
         engine's divisor of that micro-batch) replaces divisors the core's rule leaves to the
         objective's aggregation."""
         selected = None if self.selected is None else self.selected[rows]
+        picked = None if self.picked is None else self.picked[rows]
         denominators, scale = self.denominators, self.scale
         if own_divisor is not None and not self.unit_divisor:
             denominators, scale = _own(own_divisor)
-        return replace(self, selected=selected, denominators=denominators, scale=scale)
+        return replace(
+            self, selected=selected, picked=picked, denominators=denominators, scale=scale
+        )
 
     def metrics(self) -> dict[str, float]:
         """``selected_tokens``, ``valid_tokens``, ``selected_fraction`` (global counts), and
@@ -443,9 +491,11 @@ def selection_step(
         raise ValueError(f"batch must be an UpdateBatch, got {type(batch).__name__}")
     layout = UpdateLayout() if layout is None else layout
     selection = loss.selection
-    selected, compared, threshold = None, None, None
-    if selection.enabled:
-        selected, compared, threshold = _select_units(loss, batch, layout, step, compare_with)
+    selected, compared, threshold, picked = None, None, None, None
+    if selection.enabled or get_objective(loss.objective.name).picks is not None:
+        selected, compared, threshold, picked = _select_units(
+            loss, batch, layout, step, compare_with
+        )
     mask = batch.response_mask.bool()
     counts = TokenSums.count(mask, selected).reduced(layout.reduce)
     eq2 = selected is not None and selection.normalize == "selected"
@@ -468,6 +518,7 @@ def selection_step(
         threshold=threshold,
         overlap=overlap,
         unit_divisor=eq2,
+        picked=picked,
     )
 
 
@@ -477,11 +528,12 @@ def _select_units(
     layout: UpdateLayout,
     step: int,
     compare_with: str | None,
-) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-    """``(selected, compared, threshold)``: each unit of ``batch``'s rows selected on its own
-    (:func:`select_for_update`), the masks ``(B, T)`` concatenated."""
+) -> tuple[torch.Tensor | None, torch.Tensor | None, float | None, torch.Tensor | None]:
+    """``(selected, compared, threshold, picked)``: each unit of ``batch``'s rows selected
+    (and the objective's batch-level pick made) on its own (:func:`select_for_update`), the
+    masks ``(B, T)`` concatenated; the selection's are None for score 'none'."""
     selection = loss.selection
-    parts, others, thresholds = [], [], []
+    parts, others, thresholds, picks = [], [], [], []
     for rows in _units(selection, batch.num_rows, layout.unit_rows):
         unit = batch if rows is None else batch.rows(rows)
         result = select_for_update(
@@ -503,11 +555,19 @@ def _select_units(
         parts.append(result.selected)
         others.append(result.compared)
         thresholds.append(result.threshold)
-    selected = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B, T)
-    compared = None
-    if compare_with is not None:
-        compared = others[0] if len(others) == 1 else torch.cat(others)
-    return selected, compared, _threshold(thresholds, selection.largest)
+        picks.append(result.picked)
+    picked = _joined(picks)
+    if not selection.enabled:
+        return None, None, None, picked
+    compared = _joined(others) if compare_with is not None else None
+    return _joined(parts), compared, _threshold(thresholds, selection.largest), picked
+
+
+def _joined(masks: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The units' ``(B_u, T)`` masks as one ``(B, T)`` (None when the units have none)."""
+    if masks[0] is None:
+        return None
+    return masks[0] if len(masks) == 1 else torch.cat(masks)  # (B, T)
 
 
 def _units(selection: SelectionConfig, num_rows: int, unit_rows: int | None) -> list[slice | None]:

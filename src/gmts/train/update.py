@@ -62,6 +62,8 @@ class UpdateResult:
             :meth:`gmts.train.scoring.TokenScorer.positions`).
         overlap: the selection's overlap with its GMTS/ETS partner's (:data:`OVERLAP_PARTNER`),
             or None (not logged, or another score).
+        picked: the tokens the objective's batch-level pick took (clip-cov, kl-cov; global),
+            or None for an objective without one.
     """
 
     loss: float
@@ -70,6 +72,7 @@ class UpdateResult:
     sums: TokenSums
     positions: Positions
     overlap: SelectionOverlap | None = None
+    picked: float | None = None
 
 
 def train_minibatch(
@@ -135,7 +138,11 @@ def train_minibatch(
         strategy=strategy,
         forward=forward,
     )
-    return dataclasses.replace(result, overlap=chosen.overlap)
+    picked = None
+    if chosen.picked is not None:
+        count = chosen.picked.sum().double().reshape(1)
+        picked = float(all_reduce_sum(count, strategy.info.group)[0])
+    return dataclasses.replace(result, overlap=chosen.overlap, picked=picked)
 
 
 def select_minibatch(
@@ -236,6 +243,7 @@ def update_minibatch(
             denominators=chosen.denominators,
             group_ids=rows.group_ids,
             importance_weights=rows.importance_weights,
+            picked=None if chosen.picked is None else chosen.picked[s],
         )
         if chosen.scale != 1.0:
             micro_loss = micro_loss / chosen.scale
@@ -318,6 +326,9 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
     if "kl_mean" in m:
         out["update/kl_mean"] = m["kl_mean"]
     overlaps = [r.overlap for r in results if r.overlap is not None]
+    picks = [r.picked for r in results if r.picked is not None]
+    if picks:  # the share of tokens a batch-level pick (clip-cov, kl-cov) treated apart
+        out["update/picked_fraction"] = sum(picks) / max(sums["valid_tokens"], 1.0)
     if overlaps:
         out["select/gmts_ets_jaccard"] = sum(overlaps[1:], overlaps[0]).jaccard
     return out

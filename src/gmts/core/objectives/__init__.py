@@ -6,6 +6,7 @@
 - :mod:`.registry`: ``Objective``, the registry, ``objective_terms``, ``gradient_coefficient``;
 - :mod:`.clipped`: ppo (GRPO, DAPO, dual clip, GSPO, GSPO-token), sapo, gmpo;
 - :mod:`.policy_gradient`: cispo, gpg, dppo-tv, dppo-kl, dro, vespo;
+- :mod:`.cov`: clip-cov, kl-cov (a batch-level pick by covariance, verl's clip_cov / kl_cov);
 - :mod:`.config`: ``ObjectiveConfig`` and its presets.
 """
 
@@ -26,6 +27,7 @@ from gmts.core.objectives.registry import (
     get_objective,
     gradient_coefficient,
     loss_omega,
+    objective_picks,
     objective_terms,
     register_objective,
 )
@@ -50,6 +52,7 @@ __all__ = [
     "gradient_coefficient",
     "importance_ratio",
     "loss_omega",
+    "objective_picks",
     "objective_terms",
     "register_kl_estimator",
     "register_objective",

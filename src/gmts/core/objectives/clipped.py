@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
-def _weights(inputs: ObjectiveInputs) -> torch.Tensor | float:
+def weights_of(inputs: ObjectiveInputs) -> torch.Tensor | float:
     return 1.0 if inputs.importance_weights is None else inputs.importance_weights
 
 
@@ -32,7 +32,7 @@ def _weights(inputs: ObjectiveInputs) -> torch.Tensor | float:
 # PPO's clipped surrogate (GRPO, DAPO, Dr.GRPO, dual clip / two-sided clip, GSPO, GSPO-token)
 
 
-def _ppo_masks(
+def ppo_masks(
     r: torch.Tensor, adv: torch.Tensor, config: ObjectiveConfig
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Boolean ``(B, T)`` masks ``(clipped_low, clipped_high, dual_clipped)``: where the policy
@@ -62,9 +62,9 @@ def _dual_caps(config: ObjectiveConfig) -> tuple[float, float]:
     return max(c, 1 + config.clip_high), c
 
 
-def _ppo_surrogate(inputs: ObjectiveInputs, config: ObjectiveConfig, ratio: Ratio) -> Surrogate:
+def ppo_surrogate(inputs: ObjectiveInputs, config: ObjectiveConfig, ratio: Ratio) -> Surrogate:
     r, adv = ratio.value, inputs.advantages
-    low, high, dual = _ppo_masks(ratio.detached, adv, config)
+    low, high, dual = ppo_masks(ratio.detached, adv, config)
     active = ~(low | high | dual)
     # the value of the clipped branch, a constant: min(rA, clip(r)A), bounded by c A (for
     # A > 0 under dual_clip_all_signs: min(c, clip(r)) A)
@@ -77,20 +77,20 @@ def _ppo_surrogate(inputs: ObjectiveInputs, config: ObjectiveConfig, ratio: Rati
             torch.full_like(const, negative_cap),
         )
         const = torch.where(dual, cap, const)
-    s = torch.where(active, r * adv, const * adv) * _weights(inputs)
+    s = torch.where(active, r * adv, const * adv) * weights_of(inputs)
     return Surrogate(s, low, high, dual)
 
 
 def _ppo_omega(inputs: ObjectiveInputs, config: ObjectiveConfig, ratio: Ratio) -> torch.Tensor:
-    low, high, dual = _ppo_masks(ratio.detached, inputs.advantages, config)
-    g = inputs.advantages * ~(low | high | dual) * _weights(inputs)  # w df/dr
+    low, high, dual = ppo_masks(ratio.detached, inputs.advantages, config)
+    g = inputs.advantages * ~(low | high | dual) * weights_of(inputs)  # w df/dr
     return ratio.coefficient(inputs, g)
 
 
 register_objective(
     Objective(
         "ppo",
-        _ppo_surrogate,
+        ppo_surrogate,
         _ppo_omega,
         params=frozenset({"clip_low", "clip_high", "dual_clip", "dual_clip_all_signs"}),
         ratio_levels=("token", "sequence", "sequence-token"),
@@ -123,13 +123,13 @@ def _sapo_gate(
 
 def _sapo_surrogate(inputs: ObjectiveInputs, config: ObjectiveConfig, ratio: Ratio) -> Surrogate:
     sigma, tau = _sapo_gate(ratio.value, inputs.advantages, config)
-    s = sigma * (4.0 / tau) * inputs.advantages * _weights(inputs)
+    s = sigma * (4.0 / tau) * inputs.advantages * weights_of(inputs)
     return Surrogate.unclipped(s)
 
 
 def _sapo_omega(inputs: ObjectiveInputs, config: ObjectiveConfig, ratio: Ratio) -> torch.Tensor:
     sigma, _ = _sapo_gate(ratio.detached, inputs.advantages, config)
-    g = 4.0 * sigma * (1 - sigma) * inputs.advantages * _weights(inputs)
+    g = 4.0 * sigma * (1 - sigma) * inputs.advantages * weights_of(inputs)
     return ratio.coefficient(inputs, g)
 
 

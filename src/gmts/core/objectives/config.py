@@ -17,7 +17,7 @@ from typing import Any
 from gmts.core._config_utils import check_choice, from_preset
 from gmts.core._config_utils import help_meta as _help
 from gmts.core.aggregation import get_aggregation
-from gmts.core.objectives import clipped, policy_gradient  # noqa: F401  (register the built-ins)
+from gmts.core.objectives import clipped, cov, policy_gradient  # noqa: F401  (the built-ins)
 from gmts.core.objectives.kl import available_kl_estimators
 from gmts.core.objectives.ratio import RATIO_LEVELS
 from gmts.core.objectives.registry import available_objectives, get_objective
@@ -57,7 +57,8 @@ class ObjectiveConfig:
         metadata=_help(
             "Policy objective (gmts.core.objectives): ppo (the clipped surrogate of "
             "GRPO/DAPO/Dr.GRPO; GSPO with ratio_level=sequence), cispo, sapo, gmpo, gpg, "
-            "dppo-tv, dppo-kl, dro, vespo."
+            "dppo-tv, dppo-kl, dro, vespo, clip-cov, kl-cov (Clip-Cov / KL-Cov, verl's clip_cov "
+            "/ kl_cov)."
         ),
     )
     ratio_level: str = field(
@@ -144,6 +145,41 @@ class ObjectiveConfig:
             "tokens only). Reproduces TRL 1.16, whose VESPO weight sums the vLLM IS log-ratio "
             "over every position, padding included (the TRL integration's "
             "gmts_vespo_trl_padding; docs/integrations.md)."
+        ),
+    )
+    clip_cov_ratio: float = field(
+        default=0.0002,
+        metadata=_help(
+            "clip-cov (arXiv 2505.22617): fraction of the batch's valid tokens whose policy "
+            "term is removed, drawn among the candidates (max(1, int(ratio N)) tokens; verl "
+            "policy_loss.clip_cov_ratio, default 0.0002)."
+        ),
+    )
+    clip_cov_lb: float = field(
+        default=1.0,
+        metadata=_help(
+            "clip-cov: candidates have a centred covariance of advantage and log-prob above "
+            "this (verl clip_cov_lb, 1.0)."
+        ),
+    )
+    clip_cov_ub: float = field(
+        default=5.0,
+        metadata=_help(
+            "clip-cov: candidates have a centred covariance below this (verl clip_cov_ub, 5.0)."
+        ),
+    )
+    kl_cov_ratio: float = field(
+        default=0.0002,
+        metadata=_help(
+            "kl-cov (arXiv 2505.22617): fraction of the batch's valid tokens, those of largest "
+            "centred covariance of advantage and log-prob, that get the |log r| penalty "
+            "(max(1, int(N ratio)) tokens; verl policy_loss.kl_cov_ratio, 0.0002)."
+        ),
+    )
+    kl_cov_coef: float = field(
+        default=0.1,
+        metadata=_help(
+            "kl-cov: weight of the |log r| penalty (verl policy_loss.ppo_kl_coef, 0.1)."
         ),
     )
     kl_coef: float = field(
@@ -270,6 +306,19 @@ class ObjectiveConfig:
                 f"vespo_padding_weight must be a finite number >= 0, "
                 f"got {self.vespo_padding_weight!r}"
             )
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            value = getattr(self, name)
+            if not (_finite(value) and 0 < value <= 1):
+                raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+        for name in ("clip_cov_lb", "clip_cov_ub"):
+            if not _finite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(
+                f"clip_cov_lb must be < clip_cov_ub, got {self.clip_cov_lb} >= {self.clip_cov_ub}"
+            )
+        if not (_finite(self.kl_cov_coef) and self.kl_cov_coef >= 0):
+            raise ValueError(f"kl_cov_coef must be a finite number >= 0, got {self.kl_cov_coef!r}")
         if not (_finite(self.kl_coef) and self.kl_coef >= 0):
             raise ValueError(f"kl_coef must be a finite number >= 0, got {self.kl_coef!r}")
 

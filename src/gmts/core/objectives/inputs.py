@@ -62,6 +62,11 @@ class ObjectiveInputs:
             multiplies into the policy term (verl's ``rollout_is_weights``, TRL's vLLM
             ``importance_sampling_ratio`` and off-policy mask), or None. Each objective
             applies them as its engine does (most multiply the token's policy term).
+        picked: bool, the tokens an objective with a batch-level pick (clip-cov, kl-cov:
+            :attr:`gmts.core.objectives.registry.Objective.picks`) treats apart, picked once
+            over the engine's whole update unit (:func:`gmts.selection_step`), or None: the
+            objective picks them over these rows, with ``pick_seed``.
+        pick_seed: the seed of that pick's draw when ``picked`` is None.
     """
 
     logprobs: torch.Tensor
@@ -70,6 +75,8 @@ class ObjectiveInputs:
     mask: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     importance_weights: torch.Tensor | None = None
+    picked: torch.Tensor | None = None
+    pick_seed: int = 0
 
     @classmethod
     def of(
@@ -81,6 +88,8 @@ class ObjectiveInputs:
         *,
         ref_logprobs: torch.Tensor | None = None,
         importance_weights: torch.Tensor | None = None,
+        picked: torch.Tensor | None = None,
+        pick_seed: int = 0,
     ) -> ObjectiveInputs:
         """Validated, broadcast and padding-cleaned inputs (``mask`` None: every position).
 
@@ -118,6 +127,10 @@ class ObjectiveInputs:
             if not bool(torch.isfinite(valid).all()) or bool((valid < 0).any()):
                 raise ValueError("importance_weights must be finite and >= 0 at valid tokens")
             weights = torch.where(mask, w.to(dtype), torch.ones((), dtype=dtype))
+        if picked is not None:
+            picked = as_mask(picked, logprobs, "picked") & mask
+        if isinstance(pick_seed, bool) or not isinstance(pick_seed, int):
+            raise ValueError(f"pick_seed must be an int, got {pick_seed!r}")
         return cls(
             logprobs=clean(logprobs),
             old_logprobs=clean(old_logprobs).detach(),
@@ -125,6 +138,8 @@ class ObjectiveInputs:
             mask=mask,
             ref_logprobs=None if ref_logprobs is None else clean(ref_logprobs).detach(),
             importance_weights=weights,
+            picked=picked,
+            pick_seed=pick_seed,
         )
 
     def detached(self) -> ObjectiveInputs:

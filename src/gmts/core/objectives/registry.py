@@ -19,13 +19,19 @@ valid token carries the term; every token of a row then shares the policy part o
 :func:`gradient_coefficient` computes omega from the closed forms (``method="analytic"``) or,
 for any objective including a user's own whose ``omega`` is None, by autograd of exactly that
 sum (``method="autograd"``). Tests check the two agree for every registered objective.
+
+An objective may also pick tokens over the whole batch it sees (clip-cov, kl-cov: by the
+covariance of advantage and log-prob, centred on the batch): its ``picks`` function. The pick
+is a batch-level, piecewise-constant choice (never differentiated); the engines make it once
+per update unit (:func:`objective_picks`, called by :func:`gmts.selection_step`) and hand it to
+omega and to every micro-batch's loss (``picked=``), so that omega is the loss's coefficient.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,6 +51,7 @@ __all__ = [
     "gradient_coefficient",
     "loss_omega",
     "autograd_omega",
+    "objective_picks",
     "objective_terms",
     "register_objective",
 ]
@@ -53,6 +60,7 @@ OMEGA_METHODS = ("analytic", "autograd")
 
 SurrogateFn = Callable[[ObjectiveInputs, "ObjectiveConfig", Ratio], Surrogate]
 OmegaFn = Callable[[ObjectiveInputs, "ObjectiveConfig", Ratio], torch.Tensor]
+PicksFn = Callable[[ObjectiveInputs, "ObjectiveConfig", int, Any], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,10 @@ class Objective:
         ratio_levels: the ``ratio_level`` values it supports (the first is its default).
         formula: its omega in one line, for the docs.
         engines: where users meet it (engine option names), for the docs.
+        picks: ``(inputs, config, seed, process_group) -> (B, T) bool``: the tokens the
+            objective treats apart, chosen over the whole batch (global over the process
+            group; ``seed`` seeds any random draw), read by ``surrogate`` and ``omega`` as
+            ``inputs.picked``; None: no batch-level pick (module docstring).
     """
 
     name: str
@@ -80,6 +92,7 @@ class Objective:
     ratio_levels: tuple[str, ...] = ("token",)
     formula: str = ""
     engines: str = ""
+    picks: PicksFn | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.ratio_levels) - set(RATIO_LEVELS)
@@ -99,6 +112,31 @@ def _ratio(inputs: ObjectiveInputs, config: ObjectiveConfig) -> Ratio:
     return importance_ratio(inputs, config.ratio_level, config.log_ratio_min, config.log_ratio_max)
 
 
+def objective_picks(
+    config: ObjectiveConfig,
+    inputs: ObjectiveInputs,
+    *,
+    seed: int = 0,
+    process_group: Any = None,
+) -> torch.Tensor | None:
+    """``(B, T)`` bool: the tokens ``config``'s objective picks over the batch of ``inputs``
+    (global over ``process_group``, every rank calling; ``seed`` seeds its draw), or None for
+    an objective without a batch-level pick. Computed from detached values."""
+    objective = get_objective(config.name)
+    if objective.picks is None:
+        return None
+    with torch.no_grad():
+        return objective.picks(inputs.detached(), config, int(seed), process_group)
+
+
+def _with_picks(config: ObjectiveConfig, inputs: ObjectiveInputs) -> ObjectiveInputs:
+    """``inputs`` with ``picked`` filled (over these rows, ``inputs.pick_seed``) when the
+    objective picks and none was given."""
+    if inputs.picked is not None or get_objective(config.name).picks is None:
+        return inputs
+    return replace(inputs, picked=objective_picks(config, inputs, seed=inputs.pick_seed))
+
+
 def objective_terms(config: ObjectiveConfig, inputs: ObjectiveInputs) -> TokenObjective:
     """The per-token surrogate ``s``, KL ``D`` and clip masks of ``config``'s objective.
 
@@ -107,6 +145,7 @@ def objective_terms(config: ObjectiveConfig, inputs: ObjectiveInputs) -> TokenOb
     importance ratio at ``config.ratio_level``.
     """
     objective = get_objective(config.name)
+    inputs = _with_picks(config, inputs)
     ratio = _ratio(inputs, config)
     surrogate = objective.surrogate(inputs, config, ratio)
     kl = kl_term(
@@ -134,6 +173,7 @@ def gradient_coefficient(
     ref_logprobs: torch.Tensor | None = None,
     importance_weights: torch.Tensor | None = None,
     method: str = "analytic",
+    picked: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """omega = d/d log pi_t of sum_{t' in M} l_t' for ``config``'s objective (module docstring).
 
@@ -149,6 +189,8 @@ def gradient_coefficient(
             objective applies them), or None.
         method: ``"analytic"`` (the closed form; autograd for objectives without one) or
             ``"autograd"`` (always autograd of the objective's own terms).
+        picked: ``(B, T)`` bool, the update unit's pick of an objective with one
+            (:func:`objective_picks`); None: picked over these rows with seed 0.
 
     Returns:
         omega ``(B, T)`` in the dtype of ``logprobs``, detached; 0 at padded positions.
@@ -165,8 +207,10 @@ def gradient_coefficient(
         mask,
         ref_logprobs=ref_logprobs if config.kl_coef > 0 else None,
         importance_weights=importance_weights,
+        picked=picked,
     )
     objective = get_objective(config.name)
+    inputs = _with_picks(config, inputs)
     if method == "autograd" or objective.omega is None:
         return autograd_omega(config, inputs)
     with torch.no_grad():

@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 SELECTED_KEY = "gmts_selected"
+PICKED_KEY = "gmts_cov_picked"  # clip_cov / kl_cov's pick over the mini-batch (omega scores)
 NUM_SELECTED_KEY = "gmts_num_selected"
 THRESHOLD_KEY = "gmts_threshold"
 DIVISORS_KEY = "gmts_divisors"  # (policy, KL) from the core's LossConfig.denominators
@@ -165,6 +166,8 @@ def prepare_selection(
     selected = response_mask if chosen.selected is None else chosen.selected & response_mask
     counts, divisors = chosen.counts, chosen.denominators
     data[SELECTED_KEY] = _like_response_mask(selected, data)
+    if chosen.picked is not None and settings.needs_omega:  # omega used this pick: so must the loss
+        data[PICKED_KEY] = _like_response_mask(chosen.picked & response_mask, data)
     threshold = math.nan if chosen.threshold is None else float(chosen.threshold)
     tu.assign_non_tensor(
         data,
@@ -364,7 +367,7 @@ def _micro_batch(
     if divisors is None:
         raise ValueError(f"micro-batch has no {DIVISORS_KEY!r} (see prepare_selection)")
     wanted = ["response_mask", "old_log_probs", "advantages", SELECTED_KEY]
-    wanted += [k for k in ("rollout_is_weights", "ref_log_prob") if k in data]
+    wanted += [k for k in ("rollout_is_weights", "ref_log_prob", PICKED_KEY) if k in data]
     fields = padded_response_fields(data, wanted)
     response_mask = fields["response_mask"].bool()  # (B, R)
     selected = fields[SELECTED_KEY].bool() & response_mask
@@ -390,6 +393,7 @@ def _micro_batch(
         divisor=divisors[0],
         normalize=selection.normalize,
         info=info,
+        picked=fields[PICKED_KEY].bool() & response_mask if PICKED_KEY in fields else None,
     )
     return micro, entropy, fields.get("ref_log_prob", None)
 

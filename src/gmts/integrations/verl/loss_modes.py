@@ -5,7 +5,10 @@ the core objective whose omega and aggregation its loss has, the policy term of 
 with a selection (verl's own function, :mod:`~gmts.integrations.verl.terms`), the importance
 weights that term applies (folded into omega), and, where omega cannot be known before verl's
 loss runs, the mathematical obstacle: omega-based scores are refused with it, while entropy and
-random scores, which need no omega, compose with verl's function unchanged.
+random scores, which need no omega, compose with verl's function unchanged. clip_cov and kl_cov
+pick tokens by a covariance over the batch their loss sees: with an omega score the pick is
+made once over the mini-batch before the selection (the core's clip-cov / kl-cov), since a
+token's omega depends on it; with other scores verl's own function picks per micro-batch.
 :func:`check_actor_config` lists everything GMTS refuses for an actor config, with the reason.
 """
 
@@ -179,18 +182,24 @@ def _one_aggregation_checks(mode: str) -> CheckFn:
     return check
 
 
-_CLIP_COV_OBSTACLE = (
-    "loss_mode=clip_cov removes the policy gradient of tokens drawn at random (torch.randperm "
-    "on the global RNG) among those whose advantage x log-prob covariance, centred on each "
-    "micro-batch, lies in (clip_cov_lb, clip_cov_ub); the draw happens inside verl's loss, per "
-    "micro-batch, after the selection, so a token's omega depends on a draw that has not "
-    "happened when GMTS scores; use score=entropy or random"
+def _policy_loss_field(name: str, fallback: float) -> Callable[[Any], float]:
+    """``policy_loss.<name>``, else ``fallback`` (what verl's function uses when it is None)."""
+    return lambda config: float(field_of(policy_loss_config(config), name, fallback))
+
+
+# verl's clip_cov / kl_cov (no dual clip, no log-ratio clamp); the fallbacks are their functions'
+_clip_cov = objective_builder(
+    "clip-cov",
+    clip_low=clip_low,
+    clip_high=clip_high,
+    clip_cov_ratio=_policy_loss_field("clip_cov_ratio", 0.0002),
+    clip_cov_lb=_policy_loss_field("clip_cov_lb", 1.0),
+    clip_cov_ub=_policy_loss_field("clip_cov_ub", 5.0),
 )
-_KL_COV_OBSTACLE = (
-    "loss_mode=kl_cov adds ppo_kl_coef * |log r| to the top kl_cov_ratio of each micro-batch's "
-    "tokens by advantage x log-prob covariance centred on that micro-batch; verl forms the "
-    "micro-batches after the selection (dynamic batch sizes regroup rows), so a token's omega "
-    "depends on the rows it will share a micro-batch with; use score=entropy or random"
+_kl_cov = objective_builder(
+    "kl-cov",
+    kl_cov_ratio=_policy_loss_field("kl_cov_ratio", 0.0002),
+    kl_cov_coef=_policy_loss_field("ppo_kl_coef", 1.0),
 )
 
 for _mode in (
@@ -266,17 +275,21 @@ for _mode in (
     ),
     LossMode(
         "clip_cov",
-        objective_builder("ppo", clip_low=clip_low, clip_high=clip_high),
-        terms.weighted_term("clip_cov"),
-        omega_obstacle=_CLIP_COV_OBSTACLE,
-        help="entropy / random scores only (a random draw inside the loss)",
+        _clip_cov,
+        terms.picking_term("clip_cov", _clip_cov),
+        help=(
+            "clip-cov; an omega score picks over the mini-batch of every rank before the "
+            "selection, other scores keep verl's pick per micro-batch"
+        ),
     ),
     LossMode(
         "kl_cov",
-        objective_builder("ppo", clip_low=clip_low, clip_high=clip_high),
-        terms.weighted_term("kl_cov"),
-        omega_obstacle=_KL_COV_OBSTACLE,
-        help="entropy / random scores only (a per-micro-batch top-k inside the loss)",
+        _kl_cov,
+        terms.picking_term("kl_cov", _kl_cov),
+        help=(
+            "kl-cov; an omega score picks over the mini-batch of every rank before the "
+            "selection, other scores keep verl's pick per micro-batch"
+        ),
     ),
     LossMode(
         "bypass_mode",

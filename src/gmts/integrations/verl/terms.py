@@ -10,7 +10,11 @@ zeroed and the sum divided by the core's divisor (``gmts.core.loss.LossConfig``)
   loss: a 0/1 factor in those weights;
 - :func:`geo_mean_term`: GMPO's row term (shared by every token of the row, its weights taken
   as a geometric mean) scaled through the row's advantages by the row's selected share: the
-  core's gmpo with a selection (each selected token carries the row's term).
+  core's gmpo with a selection (each selected token carries the row's term);
+- :func:`picking_term` (clip_cov, kl_cov): verl's own function (its pick per micro-batch), or,
+  when the mini-batch carries a pick made before the selection (an omega score), the core's
+  clip-cov / kl-cov terms with that pick (equal to verl's function given the same pick: tested),
+  aggregated by verl's ``agg_loss``.
 
 verl is imported inside the functions (the module imports without verl).
 """
@@ -24,8 +28,9 @@ from typing import Any
 import torch
 
 from gmts.core.aggregation import Aggregation, get_aggregation
+from gmts.core.objectives import ObjectiveConfig, ObjectiveInputs, objective_terms
 
-__all__ = ["MicroBatch", "PolicyTermFn", "geo_mean_term", "weighted_term"]
+__all__ = ["MicroBatch", "PolicyTermFn", "geo_mean_term", "picking_term", "weighted_term"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class MicroBatch:
         normalize: ``SelectionConfig.normalize`` ('selected' or 'all').
         info: verl's aggregation keywords (dp_size, batch_num_tokens, global_batch_size,
             loss_scale_factor) as the engine set them.
+        picked: bool, the batch-level pick of clip_cov / kl_cov made over the mini-batch
+            before the selection (``gmts_cov_picked``), or None (verl's function picks).
     """
 
     config: Any
@@ -56,6 +63,7 @@ class MicroBatch:
     divisor: float
     normalize: str
     info: dict[str, Any]
+    picked: torch.Tensor | None = None
 
     def verl_info(self, function_aggregation: Aggregation) -> dict[str, Any]:
         """verl's aggregation keywords with the core's divisor in the slot that a verl function
@@ -132,3 +140,47 @@ def geo_mean_term(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         rows = mb.log_prob.shape[0]
         pg_loss = pg_loss * rows / mb.divisor * mb.info.get("dp_size", 1)
     return pg_loss, metrics
+
+
+def picking_term(verl_name: str, objective: Callable[[Any], ObjectiveConfig]) -> PolicyTermFn:
+    """clip_cov / kl_cov: verl's registered ``verl_name`` (:func:`weighted_term`, its own pick
+    over each micro-batch) when the micro-batch carries no pick; with ``mb.picked`` (made over
+    the mini-batch before an omega score's selection), the per-token loss ``-s`` of the core
+    objective ``objective(config)`` with that pick, the unselected tokens' loss zeroed through
+    the weights as verl's ``rollout_is_weights`` would be, aggregated by verl's ``agg_loss``.
+    """
+    own = weighted_term(verl_name)
+
+    def term(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+        if mb.picked is None:
+            return own(mb)
+        from verl.trainer.ppo.core_algos import agg_loss
+
+        weights = mb.keep if mb.rollout_is_weights is None else mb.rollout_is_weights * mb.keep
+        inputs = ObjectiveInputs.of(
+            mb.log_prob,
+            mb.old_log_prob,
+            mb.advantages,
+            mb.response_mask,
+            importance_weights=weights.detach(),
+            picked=mb.picked,
+        )
+        parts = objective_terms(objective(mb.config), inputs)  # (B, R) each
+        mb.config.global_batch_info.update(mb.verl_info(mb.aggregation))
+        loss = agg_loss(
+            loss_mat=-parts.surrogate,
+            loss_mask=mb.response_mask,
+            loss_agg_mode=mb.aggregation.name,
+            **mb.config.global_batch_info,
+        )
+        valid = mb.response_mask
+        log_ratio = (mb.log_prob - mb.old_log_prob).detach()
+        metrics = {
+            "actor/ppo_kl": float(-log_ratio[valid].mean()) if bool(valid.any()) else 0.0,
+            "actor/pg_clipfrac": float(mb.picked[valid].float().mean())
+            if bool(valid.any())
+            else 0.0,
+        }
+        return loss, metrics
+
+    return term
