@@ -3,9 +3,9 @@ rows; :mod:`gmts.data.benchmarks` registers them).
 
 A generated benchmark needs no data folder and no hub: its rows are computed, the same on every
 machine (no seeded RNG: each question's split and place come from a SHA-256 of its text). Used
-like any other benchmark: ``data.dataset=addition-2digit data.split=train`` (training; without
-``data.split`` a run reads the default split, ``test``), ``data.eval_dataset`` or ``gmts eval
---benchmarks addition-2digit`` (split ``test``).
+like any other benchmark: ``data.dataset=addition-2digit`` (training: without ``data.split`` a
+run trains on the ``train`` split), ``data.eval_dataset`` or ``gmts eval --benchmarks
+addition-2digit`` (split ``test``).
 
 - ``addition-2digit``: "What is 23 + 45? Give the final answer as a number." for every pair of
   2-digit numbers (8,100 questions; 20% of them, chosen by hash, form the test split). The task
