@@ -1,7 +1,8 @@
-"""benchmarks/bench_throughput_real.py (gmts train on both engines vs TRL's GRPOTrainer, and
-the trainer's vLLM rollout vs plain vLLM) runs end to end in --quick mode on a random tiny
-llama: a record with provenance, every contender's steps measured (or its skip recorded), the
-same prompt token ids on every side, ratios taken per step. No timing is asserted."""
+"""benchmarks/bench_throughput_real.py (gmts train on both engines, today's path and issue 34's
+old one, vs TRL's GRPOTrainer, and the trainer's vLLM rollout vs plain vLLM) runs end to end in
+--quick mode on a random tiny llama: a record with provenance, every contender's steps measured
+(or its skip recorded), the same prompt token ids on every side, ratios taken per step, the old
+path's overrides on its contenders only. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def run_quick(tmp_path: Path) -> dict:
     assert raw["gmts_config"]["selection"] == "entropy 0.2"
     assert raw["gmts_config"]["kl_coef"] == 0.0
     rows_per_step = QUICK["questions"] * QUICK["group_size"]
-    for name in ("trl", "hf"):
+    for name in ("trl", "hf", "hf_old"):
         steps = raw["rows"][name]
         assert [s["step"] for s in steps] == list(range(QUICK["steps"]))
         for s in steps:
@@ -51,13 +52,36 @@ def run_quick(tmp_path: Path) -> dict:
         assert row["timed_steps"] == QUICK["steps"] - 1  # the warm-up dropped
         assert row["tokens_per_s"]["median"] > 0
     assert all(s["generate_s"] > 0 for s in raw["rows"]["trl"])
-    assert all(0 < s["rollout_s"] < s["step_s"] for s in raw["rows"]["hf"])
-    ratio = record["ratios"]["hf_vs_trl_tokens_per_s"]
-    assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
-    # the three contenders' order rotates from step to step
+    for name in ("hf", "hf_old"):
+        for s in raw["rows"][name]:
+            assert 0 < s["rollout_s"] < s["step_s"] and 0 < s["update_s"] < s["step_s"]
+            assert s["positions_computed"] > 0 and s["positions_real"] > 0
+    # the same questions and seed: the old path samples the new one's tokens; padded rows
+    # compute at least the real positions, grouped ones (each prompt once per group) fewer
+    for new, old in zip(raw["rows"]["hf"], raw["rows"]["hf_old"]):
+        assert new["tokens"] == old["tokens"]
+        assert new["positions_real"] == old["positions_real"] <= old["positions_computed"]
+        assert new["positions_computed"] < old["positions_computed"]
+    overrides = raw["gmts_config"]["overrides"]
+    assert "model.forward_layout=padded" in overrides["hf_old"]
+    assert "rollout.drop_finished_rows=false" in overrides["hf_old"]
+    assert not any("forward_layout" in o or "drop_finished" in o for o in overrides["hf"])
+    for label in (
+        "hf_vs_trl_tokens_per_s",
+        "hf_old_vs_trl_tokens_per_s",
+        "hf_vs_hf_old_step_time",
+        "hf_vs_hf_old_rollout_time",
+        "hf_vs_hf_old_update_time",
+        "hf_vs_hf_old_positions_computed",
+        "hf_vs_hf_old_tokens_per_s",
+    ):
+        ratio = record["ratios"][label]
+        assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"], label
+    # the contenders' order rotates from step to step
     assert len({tuple(order) for order in raw["orders"]}) > 1
     goals = {g["name"]: g for g in record["goals"]}
-    assert len(goals) == 3 and all(g["met"] is None for g in goals.values())  # quick
+    assert len(goals) == 7 and all(g["met"] is None for g in goals.values())  # quick
+    assert sum("issue 34" in name for name in goals) == 4
     return record
 
 
@@ -65,20 +89,22 @@ def test_quick_mode_without_vllm(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed: tests/vllm/test_vllm_bench.py runs the full quick mode")
     record = run_quick(tmp_path)
-    assert set(record["raw"]["skipped"]) == {"vllm", "vllm_plain"}
+    assert set(record["raw"]["skipped"]) == {"vllm", "vllm_old", "vllm_plain"}
     assert "vllm_vs_trl_tokens_per_s" not in record["ratios"]
+    assert "vllm_vs_vllm_old_step_time" not in record["ratios"]
     assert record["raw"]["orders"] == [
-        ["trl", "hf"],
-        ["hf", "trl"],
-        ["trl", "hf"],
+        ["trl", "hf", "hf_old"],
+        ["hf", "hf_old", "trl"],
+        ["hf_old", "trl", "hf"],
     ]
 
 
 def test_rotation_covers_every_position():
     bench = _bench()
-    orders = [bench.rotation(step) for step in range(3)]
+    n = len(bench.CONTENDERS)
+    orders = [bench.rotation(step) for step in range(n)]
     for name in bench.CONTENDERS:
-        assert sorted(order.index(name) for order in orders) == [0, 1, 2]
+        assert sorted(order.index(name) for order in orders) == list(range(n))
 
 
 def test_bad_arguments_fail_before_any_work(tmp_path):
@@ -91,6 +117,9 @@ def test_bad_arguments_fail_before_any_work(tmp_path):
         bench.main(["--set", "selection.score=gmts", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         bench.main(["--set", "rollout.no_such_field=1", "--out", str(tmp_path)])
+    for contenders in ("hf_old,vllm", "hf,nope"):  # hf must run (TRL mirrors it); known names
+        with pytest.raises(SystemExit):
+            bench.main(["--contenders", contenders, "--out", str(tmp_path)])
     assert not (tmp_path / "throughput_real.json").exists()
 
 
@@ -124,6 +153,21 @@ def test_hf_only_overrides_reach_the_hf_trainer_only(tmp_path):
     vllm = bench.gmts_overrides(args, "vllm", tmp_path / "vllm")
     assert "rollout.draw=inverse_cdf" in hf and "rollout.draw=inverse_cdf" not in vllm
     assert "logging.overlap_metrics=false" in hf and "logging.overlap_metrics=false" in vllm
+    # the old path: its settings last (they win), drop_finished_rows on the hf engine only
+    hf_old = bench.gmts_overrides(args, "hf_old", tmp_path / "hf_old")
+    vllm_old = bench.gmts_overrides(args, "vllm_old", tmp_path / "vllm_old")
+
+    def without_run_dir(overrides: list[str]) -> list[str]:
+        return [o for o in overrides if not o.startswith("logging.output_dir=")]
+
+    assert without_run_dir(hf_old[:-2]) == without_run_dir(hf)
+    assert without_run_dir(vllm_old[:-1]) == without_run_dir(vllm)
+    assert hf_old[-2:] == ["model.forward_layout=padded", "rollout.drop_finished_rows=false"]
+    assert vllm_old[-1:] == ["model.forward_layout=padded"] and "rollout.engine=vllm" in vllm_old
+    from gmts.train.config import load_config
+
+    for overrides in (hf_old, vllm_old):  # both load (vllm refuses drop_finished_rows=false)
+        load_config(bench.DEFAULT_CONFIG, overrides)
     with pytest.raises(SystemExit):
         bench.main(["--hf-set", "rollout.draw=gumbel", "--out", str(tmp_path)])
     assert not (tmp_path / "throughput_real.json").exists()

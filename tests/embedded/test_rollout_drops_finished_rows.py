@@ -3,7 +3,9 @@ loop that kept every row: against that loop (kept here verbatim as the reference
 ``torch.multinomial`` itself as its draw) on the embedded tiny model and on a tiny random model
 of SmolLM2's architecture, over random prompts, group sizes, temperatures, both draws, prepacked
 weights on and off and chunked batches; the positions the model computes are counted against
-the rule of ``DROP_ROWS_AT`` replayed from the rows' lengths."""
+the rule of ``DROP_ROWS_AT`` replayed from the rows' lengths. ``drop_finished_rows=False`` (the
+``rollout.drop_finished_rows`` switch) keeps every row: the same tokens, the reference's
+positions."""
 
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ def models(tok):
 
 
 # ---- the reference: the sampling loop before rows could leave the batch (verbatim but for the
-# draws, which are torch.multinomial and the uniform-per-row inverse CDF of the whole batch) ----
+# draws, which are torch.multinomial and the uniform-per-row inverse CDF of the whole batch, and
+# drop_rows, the switch it has no use for) ----
 
 
 def _reference_next_token(logits, temperature, generator, draw):
@@ -92,6 +95,7 @@ def _reference_loop(
     draw,
     stop_ids,
     pad_id,
+    drop_rows=True,
 ):
     rows, prompt_width = prompt_ids.shape
     capacity = prompt_width + max_new_tokens
@@ -277,6 +281,39 @@ def test_dropping_at_every_finished_row_changes_no_token(models, tok, draw, monk
         assert torch.equal(roll.response_lengths, slow.response_lengths)
     assert computed_eager < computed_default < computed_before
     assert computed_eager == _positions_by_the_rule(eager, settings)[0]
+
+
+@pytest.mark.parametrize("model_name", ["embedded", "smollm2_like"])
+def test_drop_finished_rows_false_keeps_every_row(models, tok, model_name, monkeypatch):
+    """``drop_finished_rows=False`` (``rollout.drop_finished_rows=false``): over random settings
+    with one seed each, the tokens, lengths and completions of the default (rows dropped) and of
+    the reference loop, and exactly the reference's positions (every row kept)."""
+    model = models[model_name]
+    rng = random.Random(f"keep-{model_name}")
+    saved = 0
+    for _ in range(CASES // 2):
+        problems, settings = _random_case(rng, with_prepack=can_prepack("cpu"))
+        dropping, computed_dropping = _sample(
+            model, tok, problems, settings, reference=False, monkeypatch=monkeypatch
+        )
+        keeping, computed_keeping = _sample(
+            model,
+            tok,
+            problems,
+            {**settings, "drop_finished_rows": False},
+            reference=False,
+            monkeypatch=monkeypatch,
+        )
+        slow, computed_before = _sample(
+            model, tok, problems, settings, reference=True, monkeypatch=monkeypatch
+        )
+        for roll in (dropping, slow):
+            assert torch.equal(keeping.response_ids, roll.response_ids), settings
+            assert torch.equal(keeping.response_lengths, roll.response_lengths), settings
+            assert keeping.completions == roll.completions
+        assert computed_keeping == computed_before == _positions_by_the_rule(keeping, settings)[1]
+        saved += computed_keeping - computed_dropping
+    assert saved > 0, "no case dropped a row: the cases do not test the switch"
 
 
 def test_a_cache_that_cannot_drop_rows_keeps_them(models, tok, monkeypatch):

@@ -192,3 +192,43 @@ def test_missing_data_dir_files_fail_before_loading(tiny_chat_model_dir, tmp_pat
         capsys,
     )
     assert rc == 2 and "file not found" in err and err.count("\n") == 1
+
+
+def test_keep_finished_rows_reaches_the_hf_sampler(
+    tiny_task_model_dir, tmp_path, capsys, monkeypatch
+):
+    """``--keep-finished-rows`` reaches generate_rollouts as ``drop_finished_rows=False`` (off:
+    True) with the same table; the vllm backend, which batches its rows itself, refuses it
+    before anything loads."""
+    import gmts.sampling.rollout as rollout
+
+    seen = []
+    real = rollout.generate_rollouts
+
+    def recording(model, tokenizer, problems, **kwargs):
+        seen.append(kwargs["drop_finished_rows"])
+        return real(model, tokenizer, problems, **kwargs)
+
+    monkeypatch.setattr(rollout, "generate_rollouts", recording)
+    common = [
+        "--model", str(tiny_task_model_dir), "--benchmarks", "builtin:addition", "--limit", "2",
+        "--n", "4", "--device", "cpu", "--no-progress", "--fresh",
+    ]  # fmt: skip
+    tables = []
+    for extra in ([], ["--keep-finished-rows"]):
+        rc, table, err = _run([*common, *extra, "--out", str(tmp_path / "r.json")], capsys)
+        assert rc == 0, err
+        tables.append(table)
+    assert seen == [True, False]
+    assert tables[0] == tables[1]
+    rc, _, err = _run([*common, "--backend", "vllm", "--keep-finished-rows"], capsys)
+    assert rc == 2 and "--keep-finished-rows is a setting of the hf backend" in err
+
+
+def test_make_backend_keeps_rows_only_with_hf(tiny_chat_model_dir):
+    from gmts.eval.backends import BackendOptions, make_backend
+
+    options = BackendOptions(tiny_chat_model_dir, device="cpu", drop_finished_rows=False)
+    assert make_backend("hf", options).drop_finished_rows is False
+    with pytest.raises(ValueError, match="batches its rows itself"):
+        make_backend("vllm", options)

@@ -1,6 +1,6 @@
-"""The hf engine's two speed settings, ``rollout.draw`` and ``rollout.prepack_weights``: the
-draws against the probabilities they sample from, the settings reaching the sampler, their
-errors before any model loads, and the memory plan's count of the prepacked copy against the
+"""The hf engine's speed settings, ``rollout.draw``, ``rollout.prepack_weights`` and
+``rollout.drop_finished_rows``: the draws against the probabilities they sample from, the
+settings reaching the sampler, their errors before any model loads, and the memory plan's count of the prepacked copy against the
 linear weights of a real model."""
 
 from __future__ import annotations
@@ -166,11 +166,34 @@ def test_prepack_reaches_the_sampler(tmp_path, monkeypatch):
         (["rollout.draw=gumbel"], "expected one of"),
         (["rollout.engine=vllm", "rollout.draw=inverse_cdf"], "rollout.draw"),
         (["rollout.engine=vllm", "rollout.prepack_weights=true"], "rollout.prepack_weights"),
+        (["rollout.engine=vllm", "rollout.drop_finished_rows=false"], "rollout.drop_finished_rows"),
     ],
 )
 def test_bad_settings_name_the_key(overrides, message):
+    """A bad value, or an hf engine's setting off its default under rollout.engine=vllm (vLLM
+    draws, holds its weights and batches its rows itself), is refused naming the key."""
     with pytest.raises(ValueError, match=message):
         load_config(None, overrides)
+
+
+def test_drop_finished_rows_reaches_the_sampler(tmp_path, monkeypatch):
+    """``rollout.drop_finished_rows`` through the trainer's hf engine reaches every chunk's
+    loop (on by default, off when set false), and both give the same tokens."""
+    import gmts.sampling.rollout as rollout
+
+    model, tokenizer, problems, _ = _tiny_roll(tmp_path)
+    seen = []
+    real = rollout._sample_cache_loop
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["drop_rows"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rollout, "_sample_cache_loop", recording)
+    dropping = _engine_roll(tmp_path, model, tokenizer, problems)
+    keeping = _engine_roll(tmp_path, model, tokenizer, problems, "rollout.drop_finished_rows=false")
+    assert seen == [True, False]
+    assert torch.equal(dropping.response_ids, keeping.response_ids)
 
 
 def test_prepack_needs_a_float32_cpu_run():

@@ -62,7 +62,8 @@ def test_quick_real_model_rollout_benchmark(tmp_path):
 @pytest.mark.slow
 def test_quick_throughput_real_benchmark(tmp_path):
     """benchmarks/bench_throughput_real.py --quick with vLLM: the vllm trainer and plain vLLM
-    measured on the same rows, every ratio taken."""
+    measured on the same rows, the old path's vllm trainer (a second engine in the process)
+    beside the new one, every ratio taken."""
     spec = importlib.util.spec_from_file_location(
         "gmts_test_bench_throughput_real",
         Path(__file__).resolve().parents[1] / "benchmarks" / "test_bench_throughput_real.py",
@@ -78,11 +79,20 @@ def test_quick_throughput_real_benchmark(tmp_path):
         # the engine starts from the policy's weights: synced after every update, not before 1
         assert (vllm_step["weight_sync_s"] > 0) == (vllm_step["step"] > 0)
         assert 0 < plain_step["tokens"] <= 2 * 2 * 8
+    for new, old in zip(raw["rows"]["vllm"], raw["rows"]["vllm_old"]):
+        assert new["step"] == old["step"] and old["engine_sample_s"] > 0
+        assert new["positions_computed"] < old["positions_computed"]
+    assert "model.forward_layout=padded" in raw["gmts_config"]["overrides"]["vllm_old"]
     for label in (
         "vllm_vs_trl_tokens_per_s",
+        "vllm_old_vs_trl_tokens_per_s",
+        "vllm_vs_vllm_old_step_time",
+        "vllm_vs_vllm_old_rollout_time",
+        "vllm_vs_vllm_old_update_time",
+        "vllm_vs_vllm_old_positions_computed",
         "trainer_rollout_vs_plain_vllm",
         "trainer_rollout_without_sync_vs_plain_vllm",
         "engine_sample_vs_plain_vllm",
     ):
         assert record["ratios"][label]["median"] > 0
-    assert [order[0] for order in raw["orders"]] == ["trl", "hf", "vllm"]
+    assert [order[0] for order in raw["orders"]] == ["trl", "hf", "hf_old"]

@@ -125,6 +125,13 @@ def _how_it_runs(group: argparse._ArgumentGroup) -> None:
         help="sequences per generation call (default: 64 with hf, 8192 with vllm)",
     )
     group.add_argument("--device", default="auto", help="hf backend: cpu, cuda, cuda:1, auto")
+    group.add_argument(
+        "--keep-finished-rows",
+        action="store_true",
+        help="hf backend: keep answers that have stopped in the batch until the last stops "
+        "(the sampler before issue 34; by default they leave it, the same tokens up to kernel "
+        "rounding, fewer positions computed)",
+    )
     group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     group.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's)"
@@ -230,6 +237,11 @@ def _checked_plan(args: argparse.Namespace) -> _Plan:
     vLLM start."""
     if args.threads is not None and args.threads < 1:
         raise _Refused(f"--threads must be >= 1, got {args.threads}")
+    if args.keep_finished_rows and args.backend != "hf":
+        raise _Refused(
+            f"--keep-finished-rows is a setting of the hf backend; --backend {args.backend} "
+            "batches its rows itself"
+        )
     model_path, benchmarks, config = _settings(args)
     _check_data_files(args, benchmarks)
     benchmarks, config = _fitted_and_announced(args, model_path, benchmarks, config)
@@ -411,6 +423,7 @@ def _evaluate(args: argparse.Namespace, plan: _Plan, store: ResultsStore) -> Eva
         dtype=args.dtype,
         batch_size=plan.config.batch_size,
         seed=args.seed,
+        drop_finished_rows=not args.keep_finished_rows,
     )
     print(
         f"loading {plan.model_path} ({args.backend} backend, {_dtype_words(args)})", file=sys.stderr

@@ -74,6 +74,9 @@ class BackendOptions:
         dtype: "auto" (bfloat16 on GPU, float32 on CPU; vllm: its own choice), "float32",
             "bfloat16" or "float16".
         batch_size: hf: at most this many sequences per forward pass (None: all at once).
+        drop_finished_rows: hf: answers that have stopped leave the batch
+            (:data:`gmts.sampling.rollout.DROP_ROWS_AT`); False keeps them until the last stops.
+            A sampler with its own engine (vllm) batches its rows itself and refuses False.
         seed: vllm: the engine's seed (every request also carries its own).
         gpu_memory_utilization: vllm: the fraction of GPU memory the engine may take.
         engine_kwargs: vllm: further ``vllm.LLM`` keyword arguments.
@@ -83,6 +86,7 @@ class BackendOptions:
     device: str = "auto"
     dtype: str = "auto"
     batch_size: int | None = None
+    drop_finished_rows: bool = True
     seed: int = 0
     gpu_memory_utilization: float = 0.9
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -163,6 +167,11 @@ def make_backend(name: str, options: BackendOptions) -> Sampler:
     engine = _engine_config(options) if own_weights else None
     on_gpu = torch.cuda.is_available()
     who = f"the {name} backend"
+    if own_weights and not options.drop_finished_rows:
+        raise ValueError(
+            f"{who} batches its rows itself: drop_finished_rows=False (--keep-finished-rows) "
+            "is a setting of the hf backend"
+        )
     sampler_class.preflight(SamplerInputs(None, vllm=engine, on_gpu=on_gpu), who=who)
     if own_weights:
         check_whole_model(options.model_path, who)
@@ -177,6 +186,7 @@ def make_backend(name: str, options: BackendOptions) -> Sampler:
         eos_token_id=end_of_turn_id(tokenizer),
         context=None if limit is None else limit.positions,
         batch_size=options.batch_size,
+        drop_finished_rows=options.drop_finished_rows,
     )
     if own_weights:
         kv = eval_kv_cache_bytes(engine, model_config, dtype=options.dtype, on_gpu=on_gpu)

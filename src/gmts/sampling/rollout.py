@@ -414,6 +414,7 @@ def _sample_cache_loop(
     draw,
     stop_ids,
     pad_id,
+    drop_rows=True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,).
 
@@ -425,7 +426,8 @@ def _sample_cache_loop(
 
     Rows that have stopped leave the batch by the rule of :data:`DROP_ROWS_AT` (rows of the
     cache, mask and positions selected; a cache with a layer kind that cannot drop rows, see
-    :func:`gmts.sampling.kv_cache.can_drop_rows`, keeps every row as before). Every step
+    :func:`gmts.sampling.kv_cache.can_drop_rows`, or ``drop_rows`` False, keeps every row as
+    before). Every step
     draws the random numbers of all ``b`` rows (:mod:`gmts.sampling.draws`) and a row attends
     only to itself, so a row gets the tokens of the loop that keeps every row wherever the
     kernels compute its row the same in a smaller batch. They need not: a matrix product's
@@ -460,7 +462,7 @@ def _sample_cache_loop(
         **cache,
         **extra,
     )
-    can_drop = can_drop_rows(kv_cache)
+    can_drop = drop_rows and can_drop_rows(kv_cache)
     logits = out.logits[:, -1, :]  # (a, V), a = b rows in the batch
     in_batch = torch.arange(rows, device=device)  # (a,) the chunk's rows in the batch, increasing
     next_position = positions[:, -1:] + 1  # (a, 1)
@@ -513,6 +515,7 @@ def generate_rollouts(
     stop_token_ids: Sequence[int] | None = None,
     prepack: bool = False,
     draw: str = "multinomial",
+    drop_finished_rows: bool = True,
 ) -> Rollout:
     """Sample ``num_samples`` completions for each problem.
 
@@ -539,6 +542,9 @@ def generate_rollouts(
             :data:`gmts.sampling.draws.DRAWS` (``multinomial``: ``torch.multinomial``, the
             stream of every earlier release; ``inverse_cdf``: one uniform number per row, much
             cheaper on a large vocabulary; the same distribution, other tokens for a seed).
+        drop_finished_rows: rows that have stopped leave the batch (:data:`DROP_ROWS_AT`);
+            False keeps every row until the chunk's last stops (the loop before issue 34: more
+            positions computed, the same tokens up to the rounding the module docstring names).
 
     Returns:
         A ``Rollout`` of B = Q * G rows on the model's device.
@@ -581,6 +587,7 @@ def generate_rollouts(
                     draw=draw_token,
                     stop_ids=torch.tensor(stop, dtype=torch.long, device=device),
                     pad_id=pad_id,
+                    drop_rows=drop_finished_rows,
                 )
                 for start in range(0, rows, chunk)
             ]

@@ -73,6 +73,8 @@ class SamplerInputs:
         draw: hf: how a token is drawn (:data:`gmts.sampling.draws.DRAWS`).
         prepack: hf: multiply against oneDNN-prepacked linear weights on a CPU
             (:mod:`gmts.sampling.packed_linear`).
+        drop_finished_rows: hf: rows that have stopped leave the batch
+            (:data:`gmts.sampling.rollout.DROP_ROWS_AT`); False keeps them until the last stops.
         model_path: vllm: the model folder the engine starts from.
         vllm: vllm: the engine's settings.
         dtype, seed, on_gpu, kv_cache_bytes, distributed, trust_remote_code: vllm: the
@@ -86,6 +88,7 @@ class SamplerInputs:
     batch_size: int | None = None
     draw: str = "multinomial"
     prepack: bool = False
+    drop_finished_rows: bool = True
     model_path: str | os.PathLike[str] | None = None
     vllm: VLLMConfig | None = None
     dtype: str = "auto"
@@ -254,6 +257,7 @@ class HFSampler(SamplerBase):
         self.batch_size = inputs.batch_size
         self.draw = inputs.draw
         self.prepack = inputs.prepack
+        self.drop_finished_rows = inputs.drop_finished_rows
         self._set_limits(inputs)
 
     @property
@@ -270,6 +274,7 @@ class HFSampler(SamplerBase):
             batch_size=self.batch_size,
             draw=self.draw,
             prepack=self.prepack,
+            drop_finished_rows=self.drop_finished_rows,
         )
 
 

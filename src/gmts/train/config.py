@@ -237,6 +237,13 @@ class RolloutConfig:
         "linear weights while sampling (gmts.sampling.packed_linear: one more copy of them "
         "during the rollout, counted by the memory plan; logits equal up to rounding).",
     )
+    drop_finished_rows: bool = _f(
+        True,
+        "The hf engine: answers that have stopped leave the sampler's batch (when the rows "
+        "still generating are at most 3/4 of it: gmts.sampling.rollout.DROP_ROWS_AT), so later "
+        "decoding steps skip them; the same tokens up to kernel rounding. false keeps every "
+        "row until the last stops (the loop before issue 34). vllm batches its own.",
+    )
     dynamic_sampling: bool | None = _f(
         None,
         "Drop groups whose raw rewards (before the overlong penalty) are all equal and sample "
@@ -321,7 +328,12 @@ class RolloutConfig:
             "rollout.draw",
             f"expected one of {DRAWS.names()}, got {self.draw!r}",
         )
-        for name, default in (("draw", "multinomial"), ("prepack_weights", False)):
+        hf_only = (
+            ("draw", "multinomial"),
+            ("prepack_weights", False),
+            ("drop_finished_rows", True),
+        )
+        for name, default in hf_only:
             _check(
                 getattr(self, name) == default or self.engine == "hf",
                 f"rollout.{name}",

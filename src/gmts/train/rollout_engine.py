@@ -216,6 +216,7 @@ def sampler_inputs(inputs: EngineInputs) -> SamplerInputs:
         batch_size=cfg.rollout.generation_batch_size,
         draw=cfg.rollout.draw,
         prepack=cfg.rollout.prepack_weights,
+        drop_finished_rows=cfg.rollout.drop_finished_rows,
         vllm=cfg.rollout.vllm,
         dtype=engine_dtype(cfg),
         seed=cfg.seed,
