@@ -1,7 +1,9 @@
 """The packages of gmts form layers: each imports only the layers below it (docs/architecture.md).
 
 Every import is checked, the lazy ones inside functions too. There is no exceptions list: a
-new upward import fails here, naming the file and the import.
+new upward import fails here, naming the file and the import. The sizes that keep a part
+readable are checked here too: no function over :data:`MAX_FUNCTION_LINES` lines, and the
+trainer's loop under :data:`MAX_TRAINER_LINES` (issue 36).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("__init__", "__main__"),  # the package's own entry points
 ]
 LEVEL = {package: level for level, names in enumerate(LAYERS) for package in names}
+
+MAX_FUNCTION_LINES = 80  # from the ``def`` line to the last, decorators left out
+MAX_TRAINER_LINES = 300  # train/trainer.py is the loop only: a second job goes to its own module
 
 
 def _package_of(path: Path) -> str:
@@ -143,3 +148,43 @@ def test_no_import_cycle_between_modules():
         if name not in state:
             visit(name, [name])
     assert not cycles, "module import cycles:\n" + "\n".join(cycles)
+
+
+def _long_functions(path: Path, limit: int) -> list[tuple[int, str, int]]:
+    """(line, name, lines) of every function or method in ``path`` longer than ``limit`` lines,
+    counted from its ``def`` line to its last (its decorators left out)."""
+    return [
+        (node.lineno, node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_function_is_over_the_limit():
+    """A function longer than a screen gets split into named steps, each with one job."""
+    long = [
+        f"{path.relative_to(SRC)}:{line} {name}: {lines} lines"
+        for path in sorted(SRC.rglob("*.py"))
+        for line, name, lines in _long_functions(path, MAX_FUNCTION_LINES)
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+def test_the_trainer_is_the_loop_only():
+    lines = len((SRC / "train" / "trainer.py").read_text().splitlines())
+    assert lines < MAX_TRAINER_LINES, (
+        f"train/trainer.py has {lines} lines (the limit: under {MAX_TRAINER_LINES}); move a part "
+        "that is a second job into its own module"
+    )
+
+
+def test_the_length_checker_counts_from_def_to_the_last_line(tmp_path):
+    """Decorators do not count; the ``def`` line and the last line do; methods are seen."""
+    source = tmp_path / "m.py"
+    body = "".join(f"    x{i} = {i}\n" for i in range(3))
+    source.write_text(f"@decorator\ndef f():\n{body}\n\nclass C:\n    def g(self):\n        pass\n")
+    assert _long_functions(source, 3) == [(2, "f", 4)]
+    assert _long_functions(source, 4) == []
+    assert [name for _, name, _ in _long_functions(source, 1)] == ["f", "g"]

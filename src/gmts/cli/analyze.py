@@ -246,45 +246,28 @@ def _settings(args: argparse.Namespace, model_dir: Path, tokenizer: Any, task: A
 
 
 def run(args: argparse.Namespace) -> int:
+    """``gmts analyze``: sample, measure, write the report, token records and figures into
+    ``--out``; returns the exit status (2 for a setting that cannot run)."""
     error = _validate(args)
     if error:
         print(f"gmts analyze: {error}", file=sys.stderr)
         return 2
-    import torch
-
     from gmts.analysis.collect import sample_and_analyze
-    from gmts.analysis.report import build_report, selections
+    from gmts.analysis.report import build_report
     from gmts.embedded.tasks import get_task
-    from gmts.models.loading import load_model, load_tokenizer, pick_device, torch_dtype
+    from gmts.models.loading import pick_device
 
     try:
         task = None if args.dataset else get_task(args.task)
         device = pick_device(args.device)
         model_dir = resolve_model_dir(args)
         started = time.perf_counter()
-        tokenizer = load_tokenizer(model_dir, pad_token=False)
-        if args.dataset:
-            from gmts.cli.analyze_questions import dataset_questions
-
-            task = dataset_questions(
-                args.dataset, tokenizer, template=args.template, reward=args.reward
-            )
-        task = _settings(args, model_dir, tokenizer, task)
-        _check_context(model_dir, tokenizer, task, args)
+        tokenizer, task = _questions(args, model_dir, task)
     except ValueError as exc:
         print(f"gmts analyze: {exc}", file=sys.stderr)
         return 2
-    from gmts.scale.auto_dtype import bf16_note
-
-    print(
-        f"gmts analyze: {model_dir} in {args.dtype} (--dtype; {bf16_note(device)})", file=sys.stderr
-    )
-    model = load_model(model_dir, dtype=torch_dtype(args.dtype), training=False).to(device)
-    threads = args.threads or _default_threads(model, device)
-    if threads:
-        torch.set_num_threads(threads)
     analysis = sample_and_analyze(
-        model,
+        _load_model(args, model_dir, device),
         tokenizer,
         task,
         questions=args.questions,
@@ -301,15 +284,70 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(analysis, ratio=args.ratio)
     out = Path(args.out or Path("runs") / "analyze" / Path(args.dataset or args.task).stem)
     out.mkdir(parents=True, exist_ok=True)
+    written = [
+        out / "report.json",
+        *_write_tokens_and_figures(args, analysis, report, out, model_dir),
+    ]
+    report["meta"]["timings"]["total_seconds"] = time.perf_counter() - started
+    report["meta"]["load_average"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(_summary_text(report))
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _questions(args: argparse.Namespace, model_dir: Path, task: Any) -> tuple[Any, Any]:
+    """The model's tokenizer and the questions (``task``, or ``--dataset``'s rendered for the
+    tokenizer), their settings printed and their prompts checked against the model's context;
+    a setting that cannot run raises ``ValueError``."""
+    from gmts.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir, pad_token=False)
+    if args.dataset:
+        from gmts.cli.analyze_questions import dataset_questions
+
+        task = dataset_questions(
+            args.dataset, tokenizer, template=args.template, reward=args.reward
+        )
+    task = _settings(args, model_dir, tokenizer, task)
+    _check_context(model_dir, tokenizer, task, args)
+    return tokenizer, task
+
+
+def _load_model(args: argparse.Namespace, model_dir: Path, device: Any) -> Any:
+    """The model in ``--dtype`` on ``device`` (the line saying so printed), torch's CPU threads
+    set as ``--threads`` asks (or :func:`_default_threads`)."""
+    import torch
+
+    from gmts.models.loading import load_model, torch_dtype
+    from gmts.scale.auto_dtype import bf16_note
+
+    print(
+        f"gmts analyze: {model_dir} in {args.dtype} (--dtype; {bf16_note(device)})", file=sys.stderr
+    )
+    model = load_model(model_dir, dtype=torch_dtype(args.dtype), training=False).to(device)
+    threads = args.threads or _default_threads(model, device)
+    if threads:
+        torch.set_num_threads(threads)
+    return model
+
+
+def _write_tokens_and_figures(
+    args: argparse.Namespace, analysis: Any, report: dict[str, Any], out: Path, model_dir: Path
+) -> list[Path]:
+    """Write the figures, ``tokens.jsonl`` and (``--html``) the token viewer into ``out``;
+    returns their paths."""
     from gmts.analysis.plots import write_figures
 
     figures = write_figures(analysis, report, out)
-    written = [out / "report.json", out / "tokens.jsonl", *figures]
+    written = [out / "tokens.jsonl", *figures]
     with open(out / "tokens.jsonl", "w", encoding="utf-8") as fh:
         for record in _token_records(analysis):
             fh.write(json.dumps(record) + "\n")
     if args.html:
         from gmts.analysis.html import write_html
+        from gmts.analysis.report import selections
 
         title = f"gmts analyze: {args.dataset or args.task}, {model_dir.name}"
         written.append(
@@ -321,13 +359,7 @@ def run(args: argparse.Namespace) -> int:
                 ratio=args.ratio,
             )
         )
-    report["meta"]["timings"]["total_seconds"] = time.perf_counter() - started
-    report["meta"]["load_average"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print(_summary_text(report))
-    for path in written:
-        print(f"wrote {path}")
-    return 0
+    return written
 
 
 def _summary_text(report: dict[str, Any]) -> str:

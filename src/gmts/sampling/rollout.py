@@ -326,9 +326,7 @@ def rollout_from_responses(
         engine_logprobs: B lists of the sampled tokens' log-probs as the engine computed them
             (the same lengths as the responses), or None.
     """
-    prompt_ids, prompt_mask = _left_pad([list(e) for e in encoded], pad_id)  # (Q, P)
-    prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
-    prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
+    prompt_ids, prompt_mask = _prompt_rows(encoded, num_samples, pad_id, device)  # (B, P)
     group_ids = torch.arange(len(encoded), device=device).repeat_interleave(num_samples)  # (B,)
     if isinstance(responses, torch.Tensor):
         if lengths is None:
@@ -403,40 +401,62 @@ least a quarter of the batch). The rule drops at most about log(b) / log(4/3) ti
 row would copy the cache once per answer."""
 
 
-def _sample_cache_loop(
-    model,
-    prompt_ids,
-    prompt_mask,
-    *,
-    max_new_tokens,
-    temperature,
-    generator,
-    draw,
-    stop_ids,
-    pad_id,
-    drop_rows=True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,).
+@dataclass(frozen=True)
+class _Decoding:
+    """How a call samples each chunk (:func:`_sample_cache_loop`'s settings): the same for every
+    chunk, the one generator included."""
 
-    The prompt fills a fresh cache in one forward; each later forward feeds the last token of
-    the rows in the batch and writes their keys/values into the same cache object. The cache
-    and the attention mask are sized for the prompt plus ``max_new_tokens`` up front
-    (:mod:`gmts.sampling.kv_cache`), so a step copies neither; the model sees the views of the
-    filled positions.
+    max_new_tokens: int
+    temperature: float  # 0: greedy
+    generator: torch.Generator
+    draw: Draw
+    stop_ids: torch.Tensor  # (s,) long: the ids that end a row
+    pad_id: int
+    drop_rows: bool = True  # rows that have stopped leave the batch (DROP_ROWS_AT)
 
-    Rows that have stopped leave the batch by the rule of :data:`DROP_ROWS_AT` (rows of the
-    cache, mask and positions selected; a cache with a layer kind that cannot drop rows, see
-    :func:`gmts.sampling.kv_cache.can_drop_rows`, or ``drop_rows`` False, keeps every row as
-    before). Every step
-    draws the random numbers of all ``b`` rows (:mod:`gmts.sampling.draws`) and a row attends
-    only to itself, so a row gets the tokens of the loop that keeps every row wherever the
-    kernels compute its row the same in a smaller batch. They need not: a matrix product's
-    kernel may depend on the number of rows (measured on this project's CPU: MKL at 1 thread
-    for a 1-row product, at 2 threads below 14 rows, attention at 2 threads; SmolLM2's logits
-    then moved by up to 4e-5), and a token differs where its draw falls within that rounding
-    (the same distribution; the same kind of difference ``batch_size`` or the thread count
-    already made). The tests check equal tokens on the tiny models (1 thread; 2 by hand).
-    """
+
+@dataclass
+class _Batch:
+    """The rows of one chunk still in the sampler's batch, and what its forward reads of them."""
+
+    kv_cache: Any  # pre-sized (:mod:`gmts.sampling.kv_cache`), written in place
+    cache: dict[str, Any]  # {the name ``forward`` declares for its cache: kv_cache}
+    full_mask: torch.Tensor  # (a, P + max_new_tokens) long: the prompt's mask, then ones
+    next_position: torch.Tensor  # (a, 1) the position of the token fed next
+    in_batch: torch.Tensor  # (a,) the chunk's rows in the batch, increasing
+    can_drop: bool  # whether every layer of the cache can drop rows
+
+    def drop_finished(self, finished: torch.Tensor, generating: int) -> None:
+        """Keep only the rows still generating (cache, mask, positions) when the rule of
+        :data:`DROP_ROWS_AT` says so; ``finished``: (b,) bool over the chunk's rows."""
+        in_batch = len(self.in_batch)
+        if not (self.can_drop and generating < in_batch and generating <= DROP_ROWS_AT * in_batch):
+            return
+        keep = (~finished[self.in_batch]).nonzero().squeeze(1)  # (a',) positions in the batch
+        self.kv_cache.batch_select_indices(keep)
+        self.full_mask = self.full_mask[keep]  # (a', P + max_new_tokens)
+        self.next_position = self.next_position[keep]  # (a', 1)
+        self.in_batch = self.in_batch[keep]  # (a',)
+
+    def forward(self, model: torch.nn.Module, token: torch.Tensor, width: int) -> torch.Tensor:
+        """Feed ``token`` ((b,) over the chunk's rows) of the rows in the batch, attending to
+        the first ``width`` columns -> the next logits (a, V)."""
+        out = model(
+            input_ids=token[self.in_batch, None],
+            attention_mask=self.full_mask[:, :width],  # (a, width)
+            position_ids=self.next_position,
+            use_cache=True,
+            **self.cache,
+        )
+        self.next_position = self.next_position + 1
+        return out.logits[:, -1, :]
+
+
+def _prefill(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int
+) -> tuple[torch.Tensor, _Batch]:
+    """The prompt's forward into a fresh cache sized for the prompt plus ``max_new_tokens`` ->
+    the last position's logits (b, V) and the batch of every row."""
     from gmts.sampling.kv_cache import can_drop_rows, presized_cache
 
     rows, prompt_width = prompt_ids.shape
@@ -462,17 +482,62 @@ def _sample_cache_loop(
         **cache,
         **extra,
     )
-    can_drop = drop_rows and can_drop_rows(kv_cache)
-    logits = out.logits[:, -1, :]  # (a, V), a = b rows in the batch
-    in_batch = torch.arange(rows, device=device)  # (a,) the chunk's rows in the batch, increasing
-    next_position = positions[:, -1:] + 1  # (a, 1)
+    batch = _Batch(
+        kv_cache=kv_cache,
+        cache=cache,
+        full_mask=full_mask,
+        next_position=positions[:, -1:] + 1,  # (b, 1)
+        in_batch=torch.arange(rows, device=device),
+        can_drop=can_drop_rows(kv_cache),
+    )
+    return out.logits[:, -1, :], batch
+
+
+def _sample_cache_loop(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+    draw: Draw,
+    stop_ids: torch.Tensor,
+    pad_id: int,
+    drop_rows: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk with a hand-written KV-cache loop -> response_ids (b, T), lengths (b,).
+
+    The prompt fills a fresh cache in one forward; each later forward feeds the last token of
+    the rows in the batch and writes their keys/values into the same cache object. The cache
+    and the attention mask are sized for the prompt plus ``max_new_tokens`` up front
+    (:mod:`gmts.sampling.kv_cache`), so a step copies neither; the model sees the views of the
+    filled positions.
+
+    Rows that have stopped leave the batch by the rule of :data:`DROP_ROWS_AT` (rows of the
+    cache, mask and positions selected; a cache with a layer kind that cannot drop rows, see
+    :func:`gmts.sampling.kv_cache.can_drop_rows`, or ``drop_rows`` False, keeps every row as
+    before). Every step
+    draws the random numbers of all ``b`` rows (:mod:`gmts.sampling.draws`) and a row attends
+    only to itself, so a row gets the tokens of the loop that keeps every row wherever the
+    kernels compute its row the same in a smaller batch. They need not: a matrix product's
+    kernel may depend on the number of rows (measured on this project's CPU: MKL at 1 thread
+    for a 1-row product, at 2 threads below 14 rows, attention at 2 threads; SmolLM2's logits
+    then moved by up to 4e-5), and a token differs where its draw falls within that rounding
+    (the same distribution; the same kind of difference ``batch_size`` or the thread count
+    already made). The tests check equal tokens on the tiny models (1 thread; 2 by hand).
+    """
+    rows, prompt_width = prompt_ids.shape
+    device = prompt_ids.device
+    logits, batch = _prefill(model, prompt_ids, prompt_mask, max_new_tokens)  # (a, V), a = b
+    batch.can_drop = batch.can_drop and drop_rows
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
     tokens: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        drawn = _next_token(logits, temperature, generator, draw, in_batch, rows)  # (a,)
+        drawn = _next_token(logits, temperature, generator, draw, batch.in_batch, rows)  # (a,)
         token = torch.full((rows,), pad_id, dtype=torch.long, device=device)  # (b,)
-        token[in_batch] = drawn
+        token[batch.in_batch] = drawn
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token)
         stopped_now = torch.isin(token, stop_ids) & ~finished
@@ -481,22 +546,8 @@ def _sample_cache_loop(
         generating = rows - int(finished.sum())
         if step == max_new_tokens - 1 or generating == 0:
             break
-        if can_drop and generating < len(in_batch) and generating <= DROP_ROWS_AT * len(in_batch):
-            keep = (~finished[in_batch]).nonzero().squeeze(1)  # (a',) positions in the batch
-            kv_cache.batch_select_indices(keep)
-            full_mask = full_mask[keep]  # (a', P + max_new_tokens)
-            next_position = next_position[keep]  # (a', 1)
-            in_batch = in_batch[keep]  # (a',)
-        attention_mask = full_mask[:, : prompt_width + step + 1]  # (a, P + step + 1)
-        out = model(
-            input_ids=token[in_batch, None],
-            attention_mask=attention_mask,
-            position_ids=next_position,
-            use_cache=True,
-            **cache,
-        )
-        logits = out.logits[:, -1, :]
-        next_position = next_position + 1
+        batch.drop_finished(finished, generating)
+        logits = batch.forward(model, token, prompt_width + step + 1)
     return torch.stack(tokens, dim=1), lengths
 
 
@@ -534,43 +585,99 @@ def generate_rollouts(
         stop_token_ids: ids that end a row (the end token is kept in the response and mask).
             None: the tokenizer's eos plus the model's ``generation_config.eos_token_id`` (chat
             models often stop on several ids, e.g. an end-of-turn token).
-        prepack: on a CPU, multiply against oneDNN-prepacked copies of the float32 linear
-            weights while sampling (:mod:`gmts.sampling.packed_linear`: faster decoding steps,
-            one more copy of those weights in memory, logits equal up to rounding); a no-op on
-            other devices and builds.
-        draw: how a token is drawn from a row's probabilities, a name in
-            :data:`gmts.sampling.draws.DRAWS` (``multinomial``: ``torch.multinomial``, the
-            stream of every earlier release; ``inverse_cdf``: one uniform number per row, much
-            cheaper on a large vocabulary; the same distribution, other tokens for a seed).
+        prepack: on a CPU, sample with oneDNN-prepacked copies of the float32 linear weights
+            (:mod:`gmts.sampling.packed_linear`: faster steps, one more copy of those weights,
+            logits equal up to rounding); a no-op on other devices and builds.
+        draw: a name in :data:`gmts.sampling.draws.DRAWS` (``multinomial``:
+            ``torch.multinomial``, every earlier release's stream; ``inverse_cdf``: one uniform
+            per row, cheaper on a large vocabulary, other tokens for a seed).
         drop_finished_rows: rows that have stopped leave the batch (:data:`DROP_ROWS_AT`);
-            False keeps every row until the chunk's last stops (the loop before issue 34: more
-            positions computed, the same tokens up to the rounding the module docstring names).
+            False keeps every row until the chunk's last stops (the loop before issue 34).
 
-    Returns:
-        A ``Rollout`` of B = Q * G rows on the model's device.
+    Returns: a ``Rollout`` of B = Q * G rows on the model's device.
     """
     check_sampling(num_samples, max_new_tokens, temperature, batch_size)
     draw_token = DRAWS.get(draw)
-    eos_id = tokenizer.eos_token_id
-    if eos_id is None and not stop_token_ids:
-        raise ValueError("tokenizer must define an eos token (or pass stop_token_ids)")
-    stop = resolve_stop_ids(tokenizer, getattr(model, "generation_config", None), stop_token_ids)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
-
+    stop, pad_id = _stop_and_pad(model, tokenizer, stop_token_ids)
     prompts, answers, encoded = encode_prompts(
         tokenizer, problems, add_special_tokens=add_special_tokens
     )
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = _left_pad(encoded, pad_id)  # (Q, P)
+    prompt_ids, prompt_mask = _prompt_rows(encoded, num_samples, pad_id, device)  # (B, P)
+    response_ids, lengths = _sample_chunks(
+        model,
+        prompt_ids,
+        prompt_mask,
+        _Decoding(
+            max_new_tokens=max_new_tokens,
+            temperature=float(temperature),
+            generator=_sampling_generator(seed, device),
+            draw=draw_token,
+            stop_ids=torch.tensor(stop, dtype=torch.long, device=device),
+            pad_id=pad_id,
+            drop_rows=drop_finished_rows,
+        ),
+        chunk=batch_size or prompt_ids.shape[0],
+        prepack=prepack,
+    )
+    return rollout_from_responses(
+        tokenizer,
+        prompts=prompts,
+        answers=answers,
+        encoded=encoded,
+        responses=response_ids,
+        lengths=lengths,
+        num_samples=num_samples,
+        stop_ids=stop,
+        pad_id=pad_id,
+        device=device,
+    )
+
+
+def _stop_and_pad(
+    model: torch.nn.Module, tokenizer: Any, stop_token_ids: Sequence[int] | None
+) -> tuple[list[int], int]:
+    """The ids that end a row (:func:`resolve_stop_ids`) and the padding id (the tokenizer's,
+    else the first stop id)."""
+    if tokenizer.eos_token_id is None and not stop_token_ids:
+        raise ValueError("tokenizer must define an eos token (or pass stop_token_ids)")
+    stop = resolve_stop_ids(tokenizer, getattr(model, "generation_config", None), stop_token_ids)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
+    return stop, pad_id
+
+
+def _prompt_rows(
+    encoded: Sequence[Sequence[int]], num_samples: int, pad_id: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q encoded prompts -> ids and mask (B, P), left-padded, each repeated G times in a row."""
+    prompt_ids, prompt_mask = _left_pad([list(e) for e in encoded], pad_id)  # (Q, P)
     prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
     prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0).to(device)  # (B, P)
-    rows = prompt_ids.shape[0]
+    return prompt_ids, prompt_mask
 
+
+def _sampling_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """The call's one generator on ``device``, seeded by ``seed`` (None: a seed drawn from
+    torch's global RNG)."""
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
-    chunk = batch_size or rows
+    return generator
+
+
+def _sample_chunks(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    decoding: _Decoding,
+    *,
+    chunk: int,
+    prepack: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row, ``chunk`` rows at a time (:func:`_sample_cache_loop`), with the model in eval
+    mode (and prepacked with ``prepack``) meanwhile -> response ids (B, T), right-padded to the
+    longest chunk's width, and lengths (B,)."""
     was_training = model.training
     model.eval()
     packing = prepacked_linears(model, chunk) if prepack else contextlib.nullcontext()
@@ -581,35 +688,26 @@ def generate_rollouts(
                     model,
                     prompt_ids[start : start + chunk],
                     prompt_mask[start : start + chunk],
-                    max_new_tokens=max_new_tokens,
-                    temperature=float(temperature),
-                    generator=generator,
-                    draw=draw_token,
-                    stop_ids=torch.tensor(stop, dtype=torch.long, device=device),
-                    pad_id=pad_id,
-                    drop_rows=drop_finished_rows,
+                    max_new_tokens=decoding.max_new_tokens,
+                    temperature=decoding.temperature,
+                    generator=decoding.generator,
+                    draw=decoding.draw,
+                    stop_ids=decoding.stop_ids,
+                    pad_id=decoding.pad_id,
+                    drop_rows=decoding.drop_rows,
                 )
-                for start in range(0, rows, chunk)
+                for start in range(0, prompt_ids.shape[0], chunk)
             ]
     finally:
         model.train(was_training)
-
     width = max(ids.shape[1] for ids, _ in pieces)
     response_ids = torch.cat(
-        [torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=pad_id) for ids, _ in pieces]
+        [
+            torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=decoding.pad_id)
+            for ids, _ in pieces
+        ]
     )  # (B, T)
-    return rollout_from_responses(
-        tokenizer,
-        prompts=prompts,
-        answers=answers,
-        encoded=encoded,
-        responses=response_ids,
-        lengths=torch.cat([lengths for _, lengths in pieces]),  # (B,)
-        num_samples=num_samples,
-        stop_ids=stop,
-        pad_id=pad_id,
-        device=device,
-    )
+    return response_ids, torch.cat([lengths for _, lengths in pieces])
 
 
 def check_sampling(

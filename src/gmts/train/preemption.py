@@ -8,13 +8,15 @@ SLURM, Kubernetes and spot instances send SIGTERM (or a signal the job asks for,
   allocation that the interrupted code could be holding), so it is safe wherever it
   interrupts the main thread, in the middle of a checkpoint write included; a second or third
   signal records again and changes nothing;
-- the trainer polls :meth:`PreemptionGuard.stop_requested` at step boundaries (after the
-  step's metrics are logged and its periodic checkpoint written, and after an evaluation);
-  under ``torchrun`` that poll is one all-reduce (MAX) of a one-element tensor, so a signal
-  that reached a single rank stops every rank at the same step;
-- when it answers yes the trainer writes the checkpoint of the finished step (atomic,
-  :mod:`gmts.train.checkpoint`), writes :data:`MARKER_FILE` into the run directory and raises
-  :class:`TrainingPreempted`, a ``SystemExit`` with status :data:`PREEMPTED_EXIT_CODE`.
+- the trainer calls :meth:`PreemptionGuard.stop_at_boundary` at step boundaries (after the
+  step's metrics are logged and its periodic checkpoint written, and after an evaluation); its
+  poll, :meth:`PreemptionGuard.stop_requested`, is under ``torchrun`` one all-reduce (MAX) of
+  a one-element tensor, so a signal that reached a single rank stops every rank at the same
+  step;
+- when the poll answers yes, the guard has the trainer write the checkpoint of the finished
+  step (atomic, :mod:`gmts.train.checkpoint`), writes :data:`MARKER_FILE` into the run
+  directory and raises :class:`TrainingPreempted`, a ``SystemExit`` with status
+  :data:`PREEMPTED_EXIT_CODE`.
 
 The whole policy (what is saved when the signal arrives during the first step, an
 evaluation, after the last step; torchrun; the SLURM recipe) is docs/training.md,
@@ -26,9 +28,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,7 +40,9 @@ from typing import Any
 import torch
 
 from gmts.core.distributed import all_reduce_max
-from gmts.scale.distributed import DistInfo
+from gmts.models.loading import step_dir_name
+from gmts.scale.distributed import DistInfo, barrier
+from gmts.train.checkpoint import checkpoint_dir
 from gmts.train.config import PREEMPT_SIGNALS
 
 __all__ = [
@@ -156,6 +162,44 @@ class PreemptionGuard:
         """The name of the signal the run stops for (after :meth:`stop_requested` said yes)."""
         number = self.agreed or self.received
         return signal.Signals(number).name if number else "no signal"
+
+    def stop_at_boundary(
+        self,
+        step: int,
+        run_dir: Path,
+        *,
+        save: Callable[[], None],
+        close: Sequence[Any],
+    ) -> None:
+        """At a step boundary, after ``step`` steps (collective): if any rank got a stop signal,
+        save this step with ``save`` (nothing before the first step), close each of ``close``
+        that is not None (the steps' bar, the metrics log), write :data:`MARKER_FILE` (rank 0)
+        and raise :class:`TrainingPreempted` on every rank; otherwise return."""
+        if not self.stop_requested():
+            return
+        checkpoint = None
+        if step > 0:
+            save()
+            checkpoint = checkpoint_dir(run_dir) / step_dir_name(step)
+        stopped = TrainingPreempted(self.signal_name, step, checkpoint)
+        for part in close:
+            if part is not None:
+                part.close()
+        if self.info.is_main:
+            write_marker(run_dir, stopped)
+            print(f"gmts train: {stopped}", file=sys.stderr)
+        barrier(self.info)  # no rank exits (torchrun then stops the rest) before rank 0 is done
+        raise stopped
+
+    def note_after_the_end(self) -> None:
+        """Rank 0, the run complete: say so if a signal arrived after the last step's
+        checkpoint (during the final evaluation), which the run did not stop for."""
+        if self.received is not None and self.info.is_main:
+            print(
+                f"gmts train: {self.signal_name} arrived after the last step's checkpoint "
+                "(during the final evaluation); the run is complete",
+                file=sys.stderr,
+            )
 
 
 def write_marker(run_dir: str | Path, stopped: TrainingPreempted) -> Path:

@@ -8,25 +8,16 @@ A run's parts are built by :func:`gmts.train.run_parts.build_run`; one step's al
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gmts.models.loading import step_dir_name
-from gmts.scale.distributed import barrier
-from gmts.train import checkpoint as ckpt
 from gmts.train.collect import CollectedBatch, collect_batch
 from gmts.train.config import TrainConfig
 from gmts.train.evaluation import evaluate_held_out
 from gmts.train.metrics_log import EVAL_FILE
-from gmts.train.preemption import (
-    PreemptionGuard,
-    TrainingPreempted,
-    clear_marker,
-    write_marker,
-)
+from gmts.train.preemption import PreemptionGuard, clear_marker
 from gmts.train.run_folder import ResumeMode
 from gmts.train.run_parts import build_run, lr_lambda
 from gmts.train.run_progress import RunProgress
@@ -209,9 +200,7 @@ class Trainer:
         if self.info.is_main:
             clear_marker(self.run_dir)
         if self.step == 0 and cfg.data.eval_before:
-            result.eval_before = self.evaluate()
-            if result.eval_before is not None:
-                self.logger.log(0, result.eval_before, EVAL_FILE)
+            result.eval_before = self._evaluate_and_log()
         elif self._evaluation_due():  # resumed: this step's evaluation comes after its save
             self._evaluate_and_log()
         bar = self.display = RunProgress.for_run(
@@ -243,16 +232,9 @@ class Trainer:
         if cfg.checkpoint.save_final:
             self._save_once()
         self._stop_if_requested(guard, None)  # a signal during the final save
-        result.eval_after = self.evaluate()
-        if result.eval_after is not None:
-            self.logger.log(self.step, result.eval_after, EVAL_FILE)
+        result.eval_after = self._evaluate_and_log()
         self.logger.close()
-        if guard.received is not None and self.info.is_main:
-            print(
-                f"gmts train: {guard.signal_name} arrived after the last step's checkpoint "
-                "(during the final evaluation); the run is complete",
-                file=sys.stderr,
-            )
+        guard.note_after_the_end()
         return result
 
     def _evaluation_due(self) -> bool:
@@ -260,10 +242,12 @@ class Trainer:
         d_every = self.cfg.data.eval_every
         return bool(d_every) and self.step % d_every == 0 and 0 < self.step < self.cfg.optim.steps
 
-    def _evaluate_and_log(self) -> None:
+    def _evaluate_and_log(self) -> dict[str, float] | None:
+        """:meth:`evaluate`, its metrics logged at this step (``eval.jsonl``) and returned."""
         ev = self.evaluate()
         if ev is not None:
             self.logger.log(self.step, ev, EVAL_FILE)
+        return ev
 
     def _save_once(self) -> None:
         """:meth:`save` unless this step's checkpoint is already written."""
@@ -272,23 +256,11 @@ class Trainer:
             self._saved_step = self.step
 
     def _stop_if_requested(self, guard: PreemptionGuard, bar: Any) -> None:
-        """At a step boundary: if any rank got a stop signal, save this step (nothing before
-        the first step), close the logs and raise :class:`TrainingPreempted` on every rank."""
-        if not guard.stop_requested():
-            return
-        checkpoint = None
-        if self.step > 0:
-            self._save_once()
-            checkpoint = ckpt.checkpoint_dir(self.run_dir) / step_dir_name(self.step)
-        stopped = TrainingPreempted(guard.signal_name, self.step, checkpoint)
-        if bar is not None:
-            bar.close()
-        self.logger.close()
-        if self.info.is_main:
-            write_marker(self.run_dir, stopped)
-            print(f"gmts train: {stopped}", file=sys.stderr)
-        barrier(self.info)  # no rank exits (torchrun then stops the rest) before rank 0 is done
-        raise stopped
+        """At a step boundary: stop the run with this step's checkpoint if any rank got a stop
+        signal (:meth:`PreemptionGuard.stop_at_boundary`)."""
+        guard.stop_at_boundary(
+            self.step, self.run_dir, save=self._save_once, close=(bar, self.logger)
+        )
 
 
 def train(
