@@ -105,8 +105,8 @@ class MemoryPlan:
         head = (
             f"memory plan per rank ({s.world_size} x {s.strategy}, {s.dtype}{engine}, "
             f"{self.shape.params / 1e9:.2f}B parameters{lora}, micro-batch {s.micro_batch_size} x "
-            f"{s.prompt_length}+{s.response_length} tokens, {s.generation_rows} rows generated "
-            f"at once), {unit}:"
+            f"{s.prompt_length}+{s.response_length} tokens in {s.forward_layout} forwards, "
+            f"{s.generation_rows} rows generated at once), {unit}:"
         )
         width = max(len(p) for p in [*parts, "total"]) + 2
         lines = [head, "".ljust(width) + "".join(f"{n:>12}" for n in names)]
