@@ -288,3 +288,161 @@ def test_plan_counts_auto_as_the_dtype_it_resolves_to(tmp_path, capsys):
     assert tables["auto"][2:] == tables["bfloat16"][1:]  # the same plan
     assert tables["auto"][2:] != tables["float32"][1:]
     assert not any("model.dtype: auto" in line for line in tables["bfloat16"])
+
+
+@pytest.mark.parametrize(
+    "m, G, u",
+    [(24, 8, 3), (4, 8, 1), (3, 8, 2), (5, 2, 3), (8, 8, 1), (6, 1, 6), (6, 4, 2), (5, 3, 3)],
+)
+def test_grouped_forward_shape_is_the_worst_bucket_plan(m, G, u):
+    """At the budget's worst case (every prompt P, every response T tokens) the plan's grouped
+    shape is what forward_plan builds for the worst micro-batch of group-contiguous rows:
+    u distinct prompts, u x P + m x (T - 1) positions, against the padded m x (P + T)."""
+    from gmts.scale.memory_plan import forward_shape
+    from gmts.train.forward_plan import plan_forward
+    from gmts.train.scoring import micro_slices
+
+    P, T, questions = 5, 7, 6
+    B = questions * G
+    prompt_ids = torch.arange(B).div(G, rounding_mode="floor")[:, None].repeat(1, P) + 10
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    response_mask = torch.ones(B, T, dtype=torch.long)
+    worst = max(
+        plan_forward(prompt_ids[s], prompt_mask[s], response_mask[s]).positions.computed
+        for s in micro_slices(B, m)
+    )
+    distinct = max(len(set(prompt_ids[s, 0].tolist())) for s in micro_slices(B, m))
+    base = dict(world_size=1, strategy="replicate", dtype="float32", generation_rows=B)
+    settings = dict(micro_batch_size=m, prompt_length=P, response_length=T, group_size=G)
+    grouped = forward_shape(PlanSettings(forward_layout="grouped", **base, **settings))
+    padded = forward_shape(PlanSettings(forward_layout="padded", **base, **settings))
+    assert grouped.prompts == distinct == u
+    assert grouped.positions == worst == u * P + m * (T - 1)
+    assert grouped.prefix == m * P and grouped.cached == (u + m) * P
+    assert padded.positions == m * (P + T) and padded.prefix == padded.cached == 0
+    assert grouped.logit_rows == m * T + u and padded.logit_rows == m * (T + 1)
+
+
+def _smollm2_like(layers: int = 4):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(  # SmolLM2-135M's widths (30 layers); the plan never builds the model
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    )
+
+
+def test_grouped_activations_are_the_padded_ones_per_position_plus_the_prefix():
+    """Without checkpointing the update keeps per_layer bytes per computed position and, per
+    row, its prompt's keys and values as attention saved them; so grouped / padded is the
+    positions' ratio up to that prefix term, and the prefix per position is at least the
+    keys and values repeated to every query head (9 / 3 here) in float32."""
+    from gmts.scale.memory_plan import forward_shape
+
+    config = _smollm2_like()
+    act = activation_cost(config, "float32")
+    assert act.prefix_per_layer >= 2 * 9 * 64 * 4  # K and V, 9 query heads, float32
+    assert act.prefix_per_layer < 1.05 * 2 * 9 * 64 * 4  # + the probe's mask rows
+    base = dict(
+        world_size=1,
+        strategy="replicate",
+        dtype="float32",
+        micro_batch_size=24,
+        mini_batch_rows=24,
+        prompt_length=96,
+        response_length=64,
+        generation_rows=24,
+        group_size=8,
+    )
+    plans = {
+        layout: plan_memory(config, PlanSettings(forward_layout=layout, **base))
+        for layout in ("grouped", "padded")
+    }
+    kept = {k: p.phases["update"]["activations"] for k, p in plans.items()}
+    g = forward_shape(plans["grouped"].settings)
+    per_position = 4 * act.per_layer + act.outside
+    assert kept["padded"] == 24 * 160 * per_position
+    assert kept["grouped"] == pytest.approx(
+        (3 * 96 + 24 * 63) * per_position + g.prefix * 4 * act.prefix_per_layer
+    )
+    assert kept["grouped"] < 0.6 * kept["padded"]  # 1,800 of 3,840 positions + the prefix
+    # no grad: the grouped layout holds its prompts' keys and values (store + per-row prefix)
+    scoring = plans["grouped"].phases["scoring"]
+    assert scoring["KV cache"] == (3 + 24) * 96 * 4 * act.kv_per_layer
+    assert "KV cache" not in plans["padded"].phases["scoring"]
+
+
+def test_checkpointed_bf16_update_keeps_the_output_cast_and_no_gradients_yet():
+    """replicate + bf16 autocast + checkpointing, one micro-batch per mini-batch: at the
+    logits' backward the checkpointed layers' weight casts are gone (only the output
+    projection's cast and one recomputed layer's remain) and no gradient exists yet (the
+    trainer sets them to None before each mini-batch); with two micro-batches the first
+    one's gradients are alive in the second."""
+    config = _smollm2_like(30)
+    base = dict(
+        world_size=1,
+        strategy="replicate",
+        dtype="bfloat16",
+        micro_batch_size=24,
+        prompt_length=96,
+        response_length=64,
+        generation_rows=24,
+        group_size=8,
+        gradient_checkpointing=True,
+    )
+    one = plan_memory(config, PlanSettings(mini_batch_rows=24, **base))
+    two = plan_memory(config, PlanSettings(mini_batch_rows=48, **base))
+    shape = one.shape
+    update = one.phases["update"]
+    assert update["compute copy"] == (49152 * 576 + shape.layer_params) * 2
+    assert update["compute copy"] < 0.5 * 2 * shape.params  # the whole cast: what it counted
+    assert update["gradients"] < 4 * shape.params  # none, or the root's during the backward
+    assert two.phases["update"]["gradients"] == 4 * shape.params
+    assert two.peak > one.peak
+
+
+def test_padded_log_prob_block_is_a_copy_of_the_sliced_logits():
+    """logits[:, :-1] of the padded layout: a block of several whole rows is a copy in the
+    logits' dtype on top of the 2 float32 scratch blocks; the grouped layout's contiguous
+    logits are viewed."""
+    from gmts.core.logprobs import default_chunk_size
+    from gmts.scale.memory_plan import _logit_blocks, forward_shape
+
+    V, T = 49152, 64
+    n = T * (default_chunk_size(V) // T)  # whole rows per block
+    base = dict(
+        world_size=1,
+        strategy="replicate",
+        dtype="float32",
+        micro_batch_size=24,
+        prompt_length=96,
+        response_length=T,
+        generation_rows=24,
+        group_size=8,
+    )
+    padded = PlanSettings(forward_layout="padded", **base)
+    grouped = PlanSettings(forward_layout="grouped", **base)
+    assert _logit_blocks(padded, forward_shape(padded), V, 4) == 3 * n * V * 4
+    n_grouped = (T - 1) * (default_chunk_size(V) // (T - 1))
+    assert _logit_blocks(grouped, forward_shape(grouped), V, 4) == 2 * n_grouped * V * 4
+
+
+def test_plan_settings_carry_the_forward_layout_and_mini_batch(tmp_path):
+    from gmts.train.config import load_config
+
+    cfg = load_config(
+        None,
+        [
+            "rollout.questions_per_batch=4",
+            "rollout.group_size=8",
+            "optim.mini_batch_questions=2",
+            "model.forward_layout=padded",
+        ],
+    )
+    s = PlanSettings.from_config(cfg, world_size=2, prompt_length=8, response_length=8)
+    assert (s.forward_layout, s.group_size, s.mini_batch_rows) == ("padded", 8, 8)

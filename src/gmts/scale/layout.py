@@ -28,6 +28,9 @@ class Layout:
             full fine-tuning).
         compute_copy: weights in the compute dtype alive during a forward + backward.
         resident_copy: the part of ``compute_copy`` still alive after a no-grad forward.
+        checkpointed_copy: the part of ``compute_copy`` alive from the end of a forward with
+            gradient checkpointing to its backward, the layer being recomputed included (the
+            checkpointed layers keep only their inputs, not the casts their matmuls saved).
         sampling_copy: the weights sampling runs on (besides the master weights).
         reference: the frozen reference model (0 when there is none).
         step_temporaries: float32 temporaries of one AdamW step (torch's foreach AdamW).
@@ -42,6 +45,12 @@ class Layout:
     reference: float
     step_temporaries: float
     frozen: float = 0.0
+    checkpointed_copy: float | None = None  # None: the whole compute copy
+
+    @property
+    def kept_copy_checkpointed(self) -> float:
+        """``checkpointed_copy``, or ``compute_copy`` when the strategy gives none."""
+        return self.compute_copy if self.checkpointed_copy is None else self.checkpointed_copy
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,11 @@ class PlanSettings:
         dtype: the compute dtype (float32 / bfloat16): ``model.dtype``, ``auto`` counted as
             what it resolves to (:func:`gmts.scale.auto_dtype.planned_dtype`).
         micro_batch_size: rows per forward/backward.
+        mini_batch_rows: rows per optimizer step on this rank (None: unknown, counted as more
+            than one micro-batch, so gradients accumulate across the update's forwards).
+        group_size: answers per question (consecutive rows sharing one prompt).
+        forward_layout: ``model.forward_layout`` (grouped: each distinct prompt once per
+            forward, responses in length buckets; padded: every row whole).
         prompt_length, response_length: the longest prompt and response, in tokens.
         generation_rows: rows this rank generates at once.
         logits_chunk_size: ``model.logits_chunk_size`` (None: the core's default).
@@ -82,6 +96,9 @@ class PlanSettings:
     prompt_length: int
     response_length: int
     generation_rows: int
+    mini_batch_rows: int | None = None
+    group_size: int = 1
+    forward_layout: str = "padded"
     logits_chunk_size: int | None = None
     gradient_checkpointing: bool = False
     reference: bool = False
@@ -138,6 +155,9 @@ class PlanSettings:
             strategy=cfg.distributed.strategy,
             dtype=dtype,
             micro_batch_size=min(cfg.optim.micro_batch_size, rows),
+            mini_batch_rows=cfg.mini_batch_questions // world_size * r.group_size,
+            group_size=r.group_size,
+            forward_layout=cfg.model.forward_layout,
             prompt_length=prompt_length,
             response_length=response_length,
             generation_rows=min(rows_at_once, rows),

@@ -7,6 +7,10 @@ widths divided by one factor, head size kept, 1 and 2 layers, a small vocabulary
 forward on the CPU in the run's precision; every tensor autograd saves is counted once
 (parameters and their casts excluded), and so is the KV cache a no-grad forward leaves. Every
 such tensor of a decoder layer is linear in those widths, so the counts scale back up exactly.
+A third forward attends over a cached prefix (as the grouped layout's response calls do over
+their prompt, :mod:`gmts.train.grouped_forward`) at two prefix lengths: the difference is what
+attention keeps for backward per prefix position (its key and value inputs, as it receives
+them).
 Attention is assumed to use a fused kernel (no length x length matrix), as SDPA does on CUDA.
 The memory plan (:mod:`gmts.scale.memory_plan`) is built from these numbers.
 
@@ -131,18 +135,27 @@ class ActivationCost:
         kv_per_layer: one layer's KV cache entry, keys and values in the dtype the model
             caches them (under bf16 autocast over float32 parameters they come out float32:
             twice the cache of bf16 parameters).
+        prefix_per_layer: saved for backward inside one decoder layer per position of a cached
+            prefix that a call's queries attend over: the keys and values SDPA saves as its
+            inputs. With a mask (always, after a prefix) transformers repeats them to every
+            query head (``repeat_kv``) and autocast casts them to the compute dtype, so this is
+            ``heads / kv_heads`` times a bf16 run's cache entry, whatever the cache's dtype.
     """
 
     per_layer: float
     outside: float
     stream: float
     kv_per_layer: float
+    prefix_per_layer: float = 0.0
 
 
-def _narrow_config(config: Any, layers: int, factor: int | None = None) -> tuple[Any, int]:
+def _narrow_config(
+    config: Any, layers: int, factor: int | None = None, min_kv_heads: int = 1
+) -> tuple[Any, int]:
     """A copy of ``config`` with ``layers`` layers, widths divided by a common factor ``k``
     (head size kept; the largest that divides both head counts and leaves a width of at least
-    64, or ``factor``) and a small vocabulary; returns ``(config, k)``."""
+    64 and at least ``min_kv_heads`` key-value heads, or ``factor``) and a small vocabulary;
+    returns ``(config, k)``."""
     heads = config.num_attention_heads
     kv_shape = KVShape.from_config(config)
     kv, head_dim = kv_shape.kv_heads, kv_shape.head_dim
@@ -150,7 +163,8 @@ def _narrow_config(config: Any, layers: int, factor: int | None = None) -> tuple
     k = max(
         d
         for d in range(1, common + 1)
-        if common % d == 0 and (d == 1 or config.hidden_size // d >= 64)
+        if common % d == 0
+        and (d == 1 or (config.hidden_size // d >= 64 and kv // d >= min_kv_heads))
     )
     raw = config.to_dict()
     raw.pop("architectures", None)
@@ -251,6 +265,75 @@ _MODES = {  # mode -> (base parameter dtype, adapter dtype, autocast dtype or No
 }
 
 
+def _prefix_bytes(model: torch.nn.Module, tokens: int, autocast: torch.dtype | None) -> float:
+    """Bytes autograd saves per position of a cached prefix: a forward of ``tokens`` tokens
+    after prefixes of ``tokens`` and ``2 * tokens`` positions (a DynamicCache filled without
+    gradients; attention mask of ones, so a mask is passed as in a grouped response call),
+    the difference of the saved bytes divided by ``tokens``."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    # transformers >= 5.24 names it `cache` (`past_key_values` logs a deprecation)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def region() -> Any:
+        return torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
+
+    saved = []
+    for width in (tokens, 2 * tokens):
+        cache = DynamicCache(config=model.config)
+        prefix = torch.arange(width).remainder(200)[None, :] + 10  # (1, W)
+        with torch.no_grad(), region():
+            model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{name: cache})
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor, storages: dict[int, int] = storages) -> torch.Tensor:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in param_storages and not _from_parameter(t.grad_fn):
+                storages[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.arange(tokens).remainder(200)[None, :] + 10  # (1, L)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), region():
+            model(
+                input_ids=ids,
+                attention_mask=torch.ones(1, width + tokens, dtype=torch.long),
+                position_ids=width + torch.arange(tokens)[None, :],
+                use_cache=True,
+                logits_to_keep=1,
+                **{name: cache},
+            )
+        saved.append(sum(storages.values()))
+    return (saved[1] - saved[0]) / tokens
+
+
+def _prefix_per_layer(config: Any, mode: str) -> float:
+    """Bytes one decoder layer saves per position of a cached prefix (:func:`_prefix_bytes`
+    of 1- and 2-layer narrow copies, the difference scaled back).
+
+    16 new tokens after prefixes of 16 and 32 (within any learned position table): what
+    grows with the prefix is the keys and values attention saves, and the probe's
+    ``(16, W + 16)`` mask rows (16 bytes per prefix position in float32, next to e.g.
+    4,608 of SmolLM2's keys and values)."""
+    from transformers import AutoModelForCausalLM
+
+    positions = getattr(config, "max_position_embeddings", None) or 48
+    tokens = max(1, min(16, positions // 3))
+
+    base_dtype, _, autocast = _MODES[mode]
+    per_model = []
+    for layers in (1, 2):
+        # at least 2 key-value heads where the model has them: with one, ``repeat_kv`` is a
+        # stride-0 view where the real model's is a copy to every query head (not linear in k)
+        narrow, k = _narrow_config(config, layers, min_kv_heads=2)
+        model = AutoModelForCausalLM.from_config(narrow, dtype=base_dtype)
+        model.train()
+        per_model.append(_prefix_bytes(model, tokens, autocast) * k)
+    return per_model[1] - per_model[0]
+
+
 def _probe(narrow: Any, mode: str, lora: LoraConfig | None, tokens: int) -> tuple[int, int, int]:
     """(saved bytes, stream bytes per token, KV-cache bytes) of one forward of ``narrow``."""
     from transformers import AutoModelForCausalLM
@@ -298,7 +381,11 @@ def _activation_cost(
         kv = cache * k / tokens / layers
     per_layer = totals[1] - totals[0]
     return ActivationCost(
-        per_layer=per_layer, outside=totals[0] - per_layer, stream=stream, kv_per_layer=kv
+        per_layer=per_layer,
+        outside=totals[0] - per_layer,
+        stream=stream,
+        kv_per_layer=kv,
+        prefix_per_layer=_prefix_per_layer(config, mode),
     )
 
 

@@ -59,6 +59,14 @@ class Replicate(Strategy):
             reference=shape.params * cb if settings.reference else 0.0,
             step_temporaries=4 * t,
             frozen=f * cb,  # already in the compute dtype: autocast casts nothing of it
+            # with checkpointing the layers' casts are not saved (each layer keeps its input
+            # and re-casts its weights when recomputed) and autocast's cache is cleared at its
+            # exit: what stays is the output projection's cast (saved by its matmul for the
+            # hidden states' gradient; the embedding lookup takes no cast) and the layer being
+            # recomputed. A LoRA run's base needs no cast; its adapters' are negligible.
+            checkpointed_copy=(shape.vocab * shape.hidden + shape.layer_params) * cb
+            if precision.mixed and not shape.lora
+            else 0.0,
         )
 
     def prepare_policy(self, model: torch.nn.Module) -> torch.nn.Module:
