@@ -69,9 +69,12 @@ def test_preset_and_bad_values():
     with pytest.raises(ValueError, match="loss_agg_mode"):  # no core counterpart
         build_command(["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"])
     build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=gpg"])  # omega of gpg: w A
-    with pytest.raises(ValueError, match="clip_cov removes"):  # a random draw inside the loss
-        build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"])
-    build_command(["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "gmts.score=entropy"])
+    # clip_cov / kl_cov: the core's clip-cov / kl-cov (equal to verl's functions), with GMTS too
+    for mode in ("clip_cov", "kl_cov"):
+        build_command([f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}"])
+        build_command(
+            [f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}", "gmts.score=entropy"]
+        )
     dro = "actor_rollout_ref.actor.policy_loss.loss_mode=dro"
     with pytest.raises(ValueError, match="dro_beta"):
         build_command([dro])
