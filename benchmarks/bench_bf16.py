@@ -304,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         "agreement": agree,
         "speed": timing,
     }
-    path = write_result(args.out, "bf16", record)
+    # a speed-only run must not replace the record that holds the agreement
+    threads = "1thread" if args.threads == 1 else f"{args.threads}threads"
+    name = f"speed_{threads}" if args.skip_agreement else "bf16"
+    path = write_result(args.out, name, record)
     print(f"wrote {path}")
     return 0
 
