@@ -362,6 +362,12 @@ class OptimConfig:
     micro_batch_size: int = _f(
         32, "Sequences per forward/backward (gradient accumulation inside a mini-batch)."
     )
+    adamw: Literal["auto", "fused", "foreach", "for-loop"] = _f(
+        "auto",
+        "AdamW's implementation in torch: auto = fused where every trainable parameter is a "
+        "plain tensor on a CPU or GPU (the same update to float rounding, several times faster "
+        "on a CPU than torch's one-tensor-at-a-time CPU default), torch's default elsewhere.",
+    )
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]

@@ -373,6 +373,28 @@ def lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
+FUSED_DEVICES = ("cpu", "cuda")
+"""Devices whose parameters ``adamw: auto`` updates with torch's fused AdamW."""
+
+
+def adamw_implementation(choice: str, params: list[torch.nn.Parameter]) -> dict[str, bool]:
+    """``torch.optim.AdamW``'s keyword for ``optim.adamw``: ``{"fused": True}``,
+    ``{"foreach": True}``, ``{"foreach": False}`` (one parameter at a time) or {} (torch's
+    default). ``auto`` takes fused when every parameter is a plain tensor (not a DTensor of
+    FSDP2, whose default stays) in a floating dtype on a device of :data:`FUSED_DEVICES`."""
+    if choice == "fused":
+        return {"fused": True}
+    if choice == "foreach":
+        return {"foreach": True}
+    if choice == "for-loop":
+        return {"foreach": False}
+    plain = all(
+        type(p.data) is torch.Tensor and p.is_floating_point() and p.device.type in FUSED_DEVICES
+        for p in params
+    )
+    return {"fused": True} if params and plain else {}
+
+
 def build_optimization(
     cfg: TrainConfig, model: ModelParts, max_new_tokens: int, info: DistInfo
 ) -> Optimization:
@@ -388,6 +410,7 @@ def build_optimization(
         betas=cfg.optim.betas,
         eps=cfg.optim.eps,
         weight_decay=cfg.optim.weight_decay,
+        **adamw_implementation(cfg.optim.adamw, params),
     )
     total_opt_steps = cfg.optim.steps * minibatches * cfg.optim.epochs
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_opt_steps))
