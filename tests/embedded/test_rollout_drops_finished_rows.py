@@ -1,11 +1,11 @@
-"""The sampler drops finished rows from its batch (issue 34, item 3) and samples the tokens of the
-loop that kept every row: against that loop (kept here verbatim as the reference, with
+"""The sampler prefills each distinct prompt once and drops finished rows from its batch (issue
+34, items 1 and 3) and samples the tokens of the loop that computed and kept every row: against that loop (kept here verbatim as the reference, with
 ``torch.multinomial`` itself as its draw) on the embedded tiny model and on a tiny random model
 of SmolLM2's architecture, over random prompts, group sizes, temperatures, both draws, prepacked
 weights on and off and chunked batches; the positions the model computes are counted against
 the rule of ``DROP_ROWS_AT`` replayed from the rows' lengths. ``drop_finished_rows=False`` (the
-``rollout.drop_finished_rows`` switch) keeps every row: the same tokens, the reference's
-positions."""
+``rollout.drop_finished_rows`` switch) computes and keeps every row: the same tokens, the
+reference's positions."""
 
 from __future__ import annotations
 
@@ -174,9 +174,10 @@ def _sample(model, tok, problems, settings, *, reference: bool, monkeypatch):
 
 
 def _positions_by_the_rule(roll, settings) -> tuple[int, int]:
-    """(positions with rows dropped by DROP_ROWS_AT, positions with every row kept), replayed
-    from the rows' lengths and finished flags: each chunk's prompt, then one position per row
-    in the batch per decoding step."""
+    """(positions with rows dropped by DROP_ROWS_AT and each distinct prompt prefilled once,
+    positions with every row kept), replayed from the rows' prompts, lengths and finished
+    flags: each chunk's prompt forward, then one position per row in the batch per decoding
+    step."""
     lengths = roll.response_lengths.tolist()
     finished = roll.finished.tolist()
     budget = settings["max_new_tokens"]
@@ -184,7 +185,11 @@ def _positions_by_the_rule(roll, settings) -> tuple[int, int]:
     dropped = kept = 0
     for start in range(0, roll.batch_size, chunk):
         rows = range(start, min(start + chunk, roll.batch_size))
-        dropped += len(rows) * roll.prompt_length  # the prompt forward: every row, padded
+        # the prompt forward: each distinct prompt row once (shared), every row (kept)
+        distinct = {
+            (tuple(roll.prompt_ids[r].tolist()), tuple(roll.prompt_mask[r].tolist())) for r in rows
+        }
+        dropped += len(distinct) * roll.prompt_length
         kept += len(rows) * roll.prompt_length
         in_batch = len(rows)
         for step in range(budget - 1):  # the forward after sampling token `step`

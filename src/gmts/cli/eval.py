@@ -128,9 +128,10 @@ def _how_it_runs(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--keep-finished-rows",
         action="store_true",
-        help="hf backend: keep answers that have stopped in the batch until the last stops "
-        "(the sampler before issue 34; by default they leave it, the same tokens up to kernel "
-        "rounding, fewer positions computed)",
+        help="hf backend: compute every answer's prompt and keep answers that have stopped "
+        "in the batch until the last stops (the sampler before issue 34; by default a "
+        "question's prompt is prefilled once and stopped answers leave the batch: the same "
+        "tokens up to kernel rounding, fewer positions computed)",
     )
     group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     group.add_argument(

@@ -453,10 +453,20 @@ class _Batch:
 
 
 def _prefill(
-    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    max_new_tokens: int,
+    share: bool = True,
 ) -> tuple[torch.Tensor, _Batch]:
     """The prompt's forward into a fresh cache sized for the prompt plus ``max_new_tokens`` ->
-    the last position's logits (b, V) and the batch of every row."""
+    the last position's logits (b, V) and the batch of every row.
+
+    With ``share`` (and a cache whose rows can be selected), each DISTINCT prompt row runs
+    once (a group's G rows share one) and the cache's rows and the logits are then copied out
+    to every row that has it: the prefill computes ``u`` rows instead of ``b``, the values
+    are those of the distinct row (a kernel may round a row differently in a batch of another
+    size: see :func:`_sample_cache_loop`)."""
     from gmts.sampling.kv_cache import can_drop_rows, presized_cache
 
     rows, prompt_width = prompt_ids.shape
@@ -474,14 +484,25 @@ def _prefill(
     kv_cache = presized_cache(model.config, capacity)
     cache = {cache_name: kv_cache}
     extra = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+    fed_ids, fed_mask, copies = prompt_ids, attention_mask, None
+    if share and rows > 1 and can_drop_rows(kv_cache):
+        both = torch.cat([prompt_ids, attention_mask], dim=1)  # (b, 2P)
+        unique, inverse = torch.unique(both, dim=0, return_inverse=True)  # (u, 2P), (b,)
+        if unique.shape[0] < rows:
+            fed_ids, fed_mask = unique[:, :prompt_width], unique[:, prompt_width:]  # (u, P)
+            copies = inverse
     out = model(
-        input_ids=prompt_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
+        input_ids=fed_ids,
+        attention_mask=fed_mask,
+        position_ids=position_ids_from_mask(fed_mask),
         use_cache=True,
         **cache,
         **extra,
     )
+    logits = out.logits[:, -1, :]  # (u, V)
+    if copies is not None:
+        kv_cache.batch_select_indices(copies)  # (u, ...) -> (b, ...): each row its prompt's
+        logits = logits.index_select(0, copies)  # (b, V)
     batch = _Batch(
         kv_cache=kv_cache,
         cache=cache,
@@ -490,7 +511,7 @@ def _prefill(
         in_batch=torch.arange(rows, device=device),
         can_drop=can_drop_rows(kv_cache),
     )
-    return out.logits[:, -1, :], batch
+    return logits, batch
 
 
 def _sample_cache_loop(
@@ -514,10 +535,11 @@ def _sample_cache_loop(
     (:mod:`gmts.sampling.kv_cache`), so a step copies neither; the model sees the views of the
     filled positions.
 
-    Rows that have stopped leave the batch by the rule of :data:`DROP_ROWS_AT` (rows of the
-    cache, mask and positions selected; a cache with a layer kind that cannot drop rows, see
-    :func:`gmts.sampling.kv_cache.can_drop_rows`, or ``drop_rows`` False, keeps every row as
-    before). Every step
+    Each distinct prompt is prefilled once (:func:`_prefill`), and rows that have stopped
+    leave the batch by the rule of :data:`DROP_ROWS_AT` (rows of the cache, mask and
+    positions selected; a cache with a layer kind that cannot select rows, see
+    :func:`gmts.sampling.kv_cache.can_drop_rows`, or ``drop_rows`` False, computes and keeps
+    every row as before). Every step
     draws the random numbers of all ``b`` rows (:mod:`gmts.sampling.draws`) and a row attends
     only to itself, so a row gets the tokens of the loop that keeps every row wherever the
     kernels compute its row the same in a smaller batch. They need not: a matrix product's
@@ -529,7 +551,7 @@ def _sample_cache_loop(
     """
     rows, prompt_width = prompt_ids.shape
     device = prompt_ids.device
-    logits, batch = _prefill(model, prompt_ids, prompt_mask, max_new_tokens)  # (a, V), a = b
+    logits, batch = _prefill(model, prompt_ids, prompt_mask, max_new_tokens, share=drop_rows)
     batch.can_drop = batch.can_drop and drop_rows
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     lengths = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
@@ -591,8 +613,10 @@ def generate_rollouts(
         draw: a name in :data:`gmts.sampling.draws.DRAWS` (``multinomial``:
             ``torch.multinomial``, every earlier release's stream; ``inverse_cdf``: one uniform
             per row, cheaper on a large vocabulary, other tokens for a seed).
-        drop_finished_rows: rows that have stopped leave the batch (:data:`DROP_ROWS_AT`);
-            False keeps every row until the chunk's last stops (the loop before issue 34).
+        drop_finished_rows: rows that have stopped leave the batch (:data:`DROP_ROWS_AT`)
+            and each distinct prompt of a chunk is prefilled once, its cache rows copied to
+            the rows that share it; False computes every row's prompt and keeps every row
+            until the chunk's last stops (the loop before issue 34).
 
     Returns: a ``Rollout`` of B = Q * G rows on the model's device.
     """

@@ -74,7 +74,8 @@ class SamplerInputs:
         prepack: hf: multiply against oneDNN-prepacked linear weights on a CPU
             (:mod:`gmts.sampling.packed_linear`).
         drop_finished_rows: hf: rows that have stopped leave the batch
-            (:data:`gmts.sampling.rollout.DROP_ROWS_AT`); False keeps them until the last stops.
+            (:data:`gmts.sampling.rollout.DROP_ROWS_AT`) and a group's prompt is prefilled
+            once; False computes every row's prompt and keeps every row until the last stops.
         model_path: vllm: the model folder the engine starts from.
         vllm: vllm: the engine's settings.
         dtype, seed, on_gpu, kv_cache_bytes, distributed, trust_remote_code: vllm: the

@@ -241,8 +241,9 @@ class RolloutConfig:
         True,
         "The hf engine: answers that have stopped leave the sampler's batch (when the rows "
         "still generating are at most 3/4 of it: gmts.sampling.rollout.DROP_ROWS_AT), so later "
-        "decoding steps skip them; the same tokens up to kernel rounding. false keeps every "
-        "row until the last stops (the loop before issue 34). vllm batches its own.",
+        "decoding steps skip them, and each distinct prompt is prefilled once for its group; "
+        "the same tokens up to kernel rounding. false computes every row's prompt and keeps "
+        "every row until the last stops (the loop before issue 34). vllm batches its own.",
     )
     dynamic_sampling: bool | None = _f(
         None,
