@@ -204,6 +204,40 @@ def resolved_key(config: Path, args: list[str]) -> tuple[str, dict[str, Any]]:
     return hashlib.sha256(text.encode()).hexdigest()[:16], resolved
 
 
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"section.field": value}``."""
+    out: dict[str, Any] = {}
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def matching_record(
+    folder: Path, name: str, resolved: dict[str, Any], args: list[str]
+) -> Path | None:
+    """The record of run ``name`` (``<suffix>-seed<S>-<key>``) in ``folder``: its own file, or
+    else a record of the same method and seed written before a config field was added, whose
+    config equals this one on every field it has while the fields it lacks are at their
+    defaults (none of them set by ``args``). A field added with a default keeps a run's
+    meaning; any other difference is another run."""
+    exact = folder / f"{name}.json"
+    if exact.is_file():
+        return exact
+    current = _flat(resolved)
+    set_by_args = {a.split("=", 1)[0] for a in args}
+    stem = name.rsplit("-", 1)[0]  # <suffix>-seed<S>
+    for path in sorted(folder.glob(f"{stem}-*.json")):
+        stored = _flat(json.loads(path.read_text())["resolved_config"])
+        added = set(current) - set(stored)
+        same = set(stored) <= set(current) and all(current[k] == stored[k] for k in stored)
+        if same and not added & set_by_args:
+            return path
+    return None
+
+
 def run_one(
     experiment: Experiment, method: str, seed: int, out: Path, extra: list[str], *, first: bool
 ) -> dict[str, Any]:
@@ -217,8 +251,9 @@ def run_one(
     key, resolved = resolved_key(config, args)
     name = f"{suffix}-seed{seed}-{key}"
     record_path = out / "runs" / experiment.configs / f"{name}.json"
-    if record_path.is_file():
-        return json.loads(record_path.read_text())
+    found = matching_record(record_path.parent, name, resolved, args)
+    if found is not None:
+        return json.loads(found.read_text())
     run_dir = out / "train" / experiment.configs / name
     command = [sys.executable, "-m", "gmts", "train", "--config", str(config), "--overwrite"]
     command += [*args, f"logging.output_dir={run_dir}"]
@@ -425,9 +460,10 @@ def read_records(experiment: Experiment, out: Path) -> list[dict[str, Any]]:
             args = [f"seed={seed}", *ALWAYS, *experiment.overrides]
             if i:
                 args.append(SHARED_START)
-            key, _ = resolved_key(config, args)
-            path = out / "runs" / experiment.configs / f"{suffix}-seed{seed}-{key}.json"
-            if path.is_file():
+            key, resolved = resolved_key(config, args)
+            folder = out / "runs" / experiment.configs
+            path = matching_record(folder, f"{suffix}-seed{seed}-{key}", resolved, args)
+            if path is not None:
                 records.append(json.loads(path.read_text()))
     return records
 

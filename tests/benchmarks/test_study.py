@@ -35,6 +35,30 @@ def test_a_record_key_follows_the_resolved_config() -> None:
     assert study.resolved_key(config, ["seed=0", "optim.steps=4"])[0] != key
 
 
+def test_a_record_written_before_a_field_was_added_is_still_found(tmp_path) -> None:
+    """A config field added since a record was written (at its default, not set by the run's
+    arguments) keeps the record; a changed value, or the new field set, does not."""
+    config = study.CONFIGS / "smollm2-135m-instruct" / "dapo-gmts.yaml"
+    args = ["seed=0", "optim.steps=3"]
+    key, resolved = study.resolved_key(config, args)
+    older = json.loads(json.dumps(resolved))
+    del older["optim"]["adamw"]  # a field this record's code did not have yet
+    (tmp_path / "gmts-seed0-0123456789abcdef.json").write_text(
+        json.dumps({"resolved_config": older})
+    )
+    name = f"gmts-seed0-{key}"
+    found = study.matching_record(tmp_path, name, resolved, args)
+    assert found is not None and found.name == "gmts-seed0-0123456789abcdef.json"
+    set_args = [*args, "optim.adamw=for-loop"]
+    _, set_resolved = study.resolved_key(config, set_args)
+    assert study.matching_record(tmp_path, name, set_resolved, set_args) is None
+    _, other = study.resolved_key(config, ["seed=0", "optim.steps=4"])
+    assert study.matching_record(tmp_path, name, other, ["seed=0", "optim.steps=4"]) is None
+    assert study.matching_record(tmp_path, f"ets-seed0-{key}", resolved, args) is None
+    (tmp_path / f"{name}.json").write_text(json.dumps({"resolved_config": resolved}))
+    assert study.matching_record(tmp_path, name, resolved, args) == tmp_path / f"{name}.json"
+
+
 def test_every_experiment_names_configs_that_exist_or_is_pending() -> None:
     for experiment in study.EXPERIMENTS.values():
         assert list(experiment.methods)[0] == "all tokens"  # it evaluates the pretrained model
