@@ -109,3 +109,20 @@ def test_quick_study_writes_each_run_and_reuses_it(tmp_path, real_model):
     assert second.returncode == 0, second.stderr[-3000:]
     assert [p.stat().st_mtime_ns for p in records] == times
     assert json.loads((tmp_path / "study.json").read_text())["budget"] == summary
+
+
+def test_the_study_blocks_of_the_results_page_are_rendered_from_the_committed_records() -> None:
+    """docs/results.md's ``study:<experiment>`` blocks are what ``study.py --report`` makes of
+    benchmarks/results/study/runs (no figure typed by hand)."""
+    page = study.DOC.read_text()
+    out = REPO / "benchmarks" / "results" / "study"
+    blocks = [name for name in study.EXPERIMENTS if f"<!-- study:{name}:begin -->" in page]
+    assert blocks, "docs/results.md has no study block"
+    for name in blocks:
+        experiment = study.EXPERIMENTS[name]
+        records = study.read_records(experiment, out)
+        expected = study.render_markdown(experiment, study.summarize(experiment, records), records)
+        shown = page.split(f"<!-- study:{name}:begin -->\n", 1)[1].split(
+            f"\n<!-- study:{name}:end -->", 1
+        )[0]
+        assert shown == expected, f"the study:{name} block differs: run study.py {name} --report"
