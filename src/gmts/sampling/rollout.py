@@ -613,10 +613,8 @@ def generate_rollouts(
         draw: a name in :data:`gmts.sampling.draws.DRAWS` (``multinomial``:
             ``torch.multinomial``, every earlier release's stream; ``inverse_cdf``: one uniform
             per row, cheaper on a large vocabulary, other tokens for a seed).
-        drop_finished_rows: rows that have stopped leave the batch (:data:`DROP_ROWS_AT`)
-            and each distinct prompt of a chunk is prefilled once, its cache rows copied to
-            the rows that share it; False computes every row's prompt and keeps every row
-            until the chunk's last stops (the loop before issue 34).
+        drop_finished_rows: a prompt prefilled once per group, stopped rows leave the batch
+            (:func:`_sample_cache_loop`); False: the every-row loop before issue 34.
 
     Returns: a ``Rollout`` of B = Q * G rows on the model's device.
     """
