@@ -35,13 +35,9 @@ from bench_common import (  # noqa: E402
     write_result,
 )
 
-IMPLEMENTATIONS = {
-    "for-loop": {"foreach": False},
-    "foreach": {"foreach": True},
-    "fused": {"fused": True},
-}
-"""``optim.adamw``'s explicit choices and torch's keyword for each; ``for-loop`` is torch's
-default for CPU tensors."""
+IMPLEMENTATIONS = ("for-loop", "foreach", "fused")
+"""``optim.adamw``'s explicit choices (torch's keywords: ``gmts.train.run_parts.
+adamw_implementation``); ``for-loop`` is torch's default for CPU tensors."""
 SMOLLM2 = dict(
     vocab_size=49152,
     hidden_size=576,
@@ -78,9 +74,13 @@ def measure(shapes: list[torch.Size], rounds: int, lr: float = 3e-5) -> dict[str
     generator = torch.Generator().manual_seed(0)
     start = [torch.randn(s, generator=generator) * 0.02 for s in shapes]
     params = {name: [torch.nn.Parameter(t.clone()) for t in start] for name in IMPLEMENTATIONS}
+    from gmts.train.run_parts import adamw_implementation
+
     optimizers = {
-        name: torch.optim.AdamW(params[name], lr=lr, betas=(0.9, 0.99), **kw)
-        for name, kw in IMPLEMENTATIONS.items()
+        name: torch.optim.AdamW(
+            params[name], lr=lr, betas=(0.9, 0.99), **adamw_implementation(name, params[name])
+        )
+        for name in IMPLEMENTATIONS
     }
     times: dict[str, list[float]] = {name: [] for name in IMPLEMENTATIONS}
     for _ in range(rounds + 1):  # the first round warms up, untimed

@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             plan = forward_backward(model, rows, slack)
             if round_index:
                 times[name].append(time.perf_counter() - start)
+                print(f"round {round_index}, {name}: {times[name][-1]:.2f} s", flush=True)
             else:
-                print(f"{name}: {plan.calls} calls, positions {plan.positions}")
+                print(f"{name}: {plan.calls} calls, positions {plan.positions}", flush=True)
     for name, values in times.items():
         print(f"{name}: median {statistics.median(values):.2f} s {[round(v, 2) for v in values]}")
     return 0
