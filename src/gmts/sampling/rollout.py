@@ -30,7 +30,7 @@ import torch
 
 from gmts.sampling.draws import DRAWS, Draw
 from gmts.sampling.packed_linear import prepacked_linears
-from gmts.sampling.sequences import PromptResponse, position_ids_from_mask
+from gmts.sampling.sequences import PromptResponse, distinct_prompts, position_ids_from_mask
 
 
 @dataclass
@@ -486,11 +486,10 @@ def _prefill(
     extra = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
     fed_ids, fed_mask, copies = prompt_ids, attention_mask, None
     if share and rows > 1 and can_drop_rows(kv_cache):
-        both = torch.cat([prompt_ids, attention_mask], dim=1)  # (b, 2P)
-        unique, inverse = torch.unique(both, dim=0, return_inverse=True)  # (u, 2P), (b,)
-        if unique.shape[0] < rows:
-            fed_ids, fed_mask = unique[:, :prompt_width], unique[:, prompt_width:]  # (u, P)
-            copies = inverse
+        row_prompt, prompt_rows = distinct_prompts(prompt_ids, attention_mask)  # (b,), (u,)
+        if prompt_rows.shape[0] < rows:
+            fed_ids, fed_mask = prompt_ids[prompt_rows], attention_mask[prompt_rows]  # (u, P)
+            copies = row_prompt
     out = model(
         input_ids=fed_ids,
         attention_mask=fed_mask,

@@ -9,12 +9,29 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["PromptResponse", "position_ids_from_mask"]
+__all__ = ["PromptResponse", "distinct_prompts", "position_ids_from_mask"]
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) positions ``cumsum(mask) - 1`` clamped at 0 (left padding gets position 0)."""
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def distinct_prompts(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row_prompt (B,), prompt_rows (u,))``: each row's distinct prompt, and the first row
+    holding each distinct prompt (the sampler prefills those rows; the trainer's grouped
+    forward runs them once per group). Two rows share a prompt when their real tokens are the same
+    (the masked columns are ignored)."""
+    key = prompt_ids.masked_fill(~prompt_mask.bool(), -1)  # (B, P)
+    _, row_prompt = torch.unique(key, dim=0, return_inverse=True)  # (B,)
+    num_rows = row_prompt.shape[0]
+    num_prompts = int(row_prompt.max()) + 1 if num_rows else 0
+    prompt_rows = torch.full(
+        (num_prompts,), num_rows, dtype=torch.long, device=row_prompt.device
+    ).scatter_reduce(0, row_prompt, torch.arange(num_rows, device=row_prompt.device), "amin")
+    return row_prompt, prompt_rows
 
 
 class PromptResponse:

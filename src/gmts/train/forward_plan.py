@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gmts.sampling.sequences import distinct_prompts
+
 __all__ = ["ForwardPlan", "Positions", "length_buckets", "padded_positions", "plan_forward"]
 
 _SLACK_NUM, _SLACK_DEN = 11, 10
@@ -78,28 +80,12 @@ def _bucket_area(buckets: Sequence[Sequence[int]], lengths: Sequence[int]) -> in
     return sum(len(b) * lengths[b[0]] for b in buckets)
 
 
-def _distinct_prompts(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(row_prompt (B,), prompt_rows (u,))``: each row's distinct prompt, and one row
-    holding each distinct prompt. Two rows share a prompt when their real tokens are the same
-    (the masked columns are ignored)."""
-    key = prompt_ids.masked_fill(~prompt_mask.bool(), -1)  # (B, P)
-    _, row_prompt = torch.unique(key, dim=0, return_inverse=True)  # (B,)
-    num_rows = row_prompt.shape[0]
-    num_prompts = int(row_prompt.max()) + 1 if num_rows else 0
-    prompt_rows = torch.full(
-        (num_prompts,), num_rows, dtype=torch.long, device=row_prompt.device
-    ).scatter_reduce(0, row_prompt, torch.arange(num_rows, device=row_prompt.device), "amin")
-    return row_prompt, prompt_rows
-
-
 def padded_positions(
     prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_mask: torch.Tensor
 ) -> Positions:
     """The positions of the padded layout: every row runs its whole prompt and response,
     ``B x (P + T)``; real as in :attr:`ForwardPlan.positions`."""
-    _, prompt_rows = _distinct_prompts(prompt_ids, prompt_mask)
+    _, prompt_rows = distinct_prompts(prompt_ids, prompt_mask)
     real = int(prompt_mask[prompt_rows].sum()) + int(response_mask.sum())
     B, P = prompt_ids.shape
     return Positions(computed=B * (P + response_mask.shape[1]), real=real)
@@ -190,7 +176,7 @@ def plan_forward(
         raise ValueError("grouped forward: response_mask must be right padding (ones, then zeros)")
     if B and int(prompt_lengths.min()) < 1:
         raise ValueError("grouped forward: every row needs at least one prompt token")
-    row_prompt, prompt_rows = _distinct_prompts(prompt_ids, prompt_mask)
+    row_prompt, prompt_rows = distinct_prompts(prompt_ids, prompt_mask)
     distinct_lengths = prompt_lengths[prompt_rows].tolist()
     lengths = response_lengths.tolist()
     fed = [max(n - 1, 0) for n in lengths]
