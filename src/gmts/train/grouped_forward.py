@@ -99,7 +99,11 @@ def grouped_statistics(
         forward_group: the process group whose ranks must make the same number of model calls
             (FSDP), or None.
     """
-    from gmts.train.prefix_cache import cache_argument, checkpointing_keeps_cache
+    from gmts.train.prefix_cache import (
+        cache_argument,
+        checkpointing_keeps_cache,
+        replayed_layers,
+    )
 
     plan = plan_forward(rows.prompt_ids, rows.prompt_mask, rows.response_mask)
     fillers = 0
@@ -110,7 +114,7 @@ def grouped_statistics(
         fillers = calls - plan.calls
     B, T = rows.response_ids.shape
     stats = dict(temperature=temperature, chunk_size=chunk_size, logit_grad_norm=logit_grad_norm)
-    call = _Caller(model, cache_argument(model), autocast)
+    call = _Caller(model, cache_argument(model), autocast, tuple(replayed_layers(model)))
     with checkpointing_keeps_cache(model):
         prompts = _prompt_calls(call, rows, plan)
         pieces = [_first_tokens(prompts, rows, plan, **stats)]
@@ -135,15 +139,25 @@ class _Caller:
     model: Any
     cache_name: str
     autocast: Callable[[], AbstractContextManager[Any]]
+    replayed: tuple[torch.nn.Module, ...] = ()  # checkpointed layers: their casts are not kept
 
     def __call__(self, cache: Any, **inputs: Any) -> torch.Tensor:
-        with self.autocast():
+        with self.autocast(), self._casts():
             out = self.model(**inputs, use_cache=True, **{self.cache_name: cache})
         return out.logits
 
+    def _casts(self) -> AbstractContextManager[Any]:
+        """Each call its own autocast region, and no region's weight casts kept until the
+        backward (:mod:`gmts.scale.uncached_casts`: else n calls hold n casts of the model).
+        Checkpointed layers keep theirs as they are: their replay must save what their
+        forward saved, and they keep no cast anyway."""
+        from gmts.scale.uncached_casts import uncached_weight_casts
+
+        return uncached_weight_casts(self.model, self.model.device.type, skip=self.replayed)
+
     def filler(self, rows: PromptResponse) -> torch.Tensor:
         """A one-token call (the first row's last prompt token at position 0): ``(1, 1, V)``."""
-        with self.autocast():
+        with self.autocast(), self._casts():
             out = self.model(
                 input_ids=rows.prompt_ids[:1, -1:],
                 attention_mask=torch.ones_like(rows.prompt_ids[:1, -1:]),

@@ -158,6 +158,21 @@ def _unflagged(layer: torch.nn.Module, forward: Any) -> Any:
     return call
 
 
+def _flagged(model: Any) -> list[torch.nn.Module]:
+    """The modules of ``model`` with Hugging Face's activation checkpointing on (training)."""
+    return [
+        m
+        for m in inner_model(model).modules()
+        if m.training and getattr(m, "gradient_checkpointing", False)
+    ]
+
+
+def replayed_layers(model: Any) -> list[torch.nn.Module]:
+    """The decoder layers :func:`checkpointing_keeps_cache` checkpoints (replays in the
+    backward) when gradients are on: none without checkpointing."""
+    return [m for m in _flagged(model) if isinstance(m, GradientCheckpointingLayer)]
+
+
 @contextlib.contextmanager
 def checkpointing_keeps_cache(model: Any) -> Iterator[None]:
     """Inside, a model with activation checkpointing on keeps it AND passes the cache to its
@@ -173,14 +188,12 @@ def checkpointing_keeps_cache(model: Any) -> Iterator[None]:
         ValueError: checkpointing is on in modules none of which is a decoder layer
             (``GradientCheckpointingLayer``): this model's checkpointing cannot be kept.
     """
-    inner = inner_model(model)
-    flagged = [
-        m for m in inner.modules() if m.training and getattr(m, "gradient_checkpointing", False)
-    ]
+    flagged = _flagged(model)
     if not flagged:
         yield
         return
     layers = [m for m in flagged if isinstance(m, GradientCheckpointingLayer)]
+    inner = inner_model(model)
     if not layers:
         raise ValueError(
             f"{type(inner).__name__} checkpoints activations outside its decoder layers; "
