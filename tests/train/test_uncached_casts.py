@@ -86,10 +86,10 @@ def test_no_weight_cast_is_kept_and_the_gradients_are_unchanged(name, checkpoint
 def test_nothing_is_swapped_without_autocast_or_without_grad():
     model, _, _ = _grouped.MODELS["smollm2-architecture"]()
     linear = next(m for m in model.modules() if type(m) is torch.nn.Linear)
-    with uncached_weight_casts(model, "cpu"):  # no autocast: float32 as it was
+    with uncached_weight_casts(model):  # no autocast: float32 as it was
         assert "forward" not in vars(linear)
-    with _bf16(), torch.no_grad(), uncached_weight_casts(model, "cpu"):  # nothing is saved
+    with _bf16(), torch.no_grad(), uncached_weight_casts(model):  # nothing is saved
         assert "forward" not in vars(linear)
-    with _bf16(), uncached_weight_casts(model, "cpu"):
+    with _bf16(), uncached_weight_casts(model):
         assert "forward" in vars(linear)
     assert "forward" not in vars(linear)

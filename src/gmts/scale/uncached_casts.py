@@ -105,15 +105,21 @@ def _needs_swap(module: torch.nn.Module, dtype: torch.dtype) -> bool:
 
 
 @contextlib.contextmanager
-def uncached_weight_casts(
-    model: torch.nn.Module, device_type: str, skip: Sequence[torch.nn.Module] = ()
-) -> Iterator[None]:
+def uncached_weight_casts(model: Any, skip: Sequence[torch.nn.Module] = ()) -> Iterator[None]:
     """Inside an autocast region with grad on: every plain ``nn.Linear`` or ``Conv1D`` of
     ``model`` with a trainable float32 weight runs as :class:`_CastLinear` (module
     docstring), except inside the modules ``skip`` (activation-checkpointed layers, whose
     replay must save what their forward saved); elsewhere (no autocast, no grad, frozen or
-    compute-dtype weights) nothing changes."""
-    if not (torch.is_grad_enabled() and torch.is_autocast_enabled(device_type)) or _sharded(model):
+    compute-dtype weights; a ``model`` that is not a module, such as a LoRA run's
+    adapters-off reference) nothing changes."""
+    weight = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    device_type = weight.device.type if weight is not None else ""
+    if (
+        not device_type
+        or not torch.is_grad_enabled()
+        or not torch.is_autocast_enabled(device_type)
+        or _sharded(model)
+    ):
         yield
         return
     dtype = torch.get_autocast_dtype(device_type)

@@ -153,7 +153,7 @@ class _Caller:
         forward saved, and they keep no cast anyway."""
         from gmts.scale.uncached_casts import uncached_weight_casts
 
-        return uncached_weight_casts(self.model, self.model.device.type, skip=self.replayed)
+        return uncached_weight_casts(self.model, skip=self.replayed)
 
     def filler(self, rows: PromptResponse) -> torch.Tensor:
         """A one-token call (the first row's last prompt token at position 0): ``(1, 1, V)``."""
