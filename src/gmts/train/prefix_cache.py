@@ -158,8 +158,9 @@ def _unflagged(layer: torch.nn.Module, forward: Any) -> Any:
     return call
 
 
-def _flagged(model: Any) -> list[torch.nn.Module]:
-    """The modules of ``model`` with Hugging Face's activation checkpointing on (training)."""
+def checkpointed_modules(model: Any) -> list[torch.nn.Module]:
+    """The modules of ``model`` with Hugging Face's activation checkpointing on (training):
+    what runs inside them is replayed in the backward."""
     return [
         m
         for m in inner_model(model).modules()
@@ -170,7 +171,7 @@ def _flagged(model: Any) -> list[torch.nn.Module]:
 def replayed_layers(model: Any) -> list[torch.nn.Module]:
     """The decoder layers :func:`checkpointing_keeps_cache` checkpoints (replays in the
     backward) when gradients are on: none without checkpointing."""
-    return [m for m in _flagged(model) if isinstance(m, GradientCheckpointingLayer)]
+    return [m for m in checkpointed_modules(model) if isinstance(m, GradientCheckpointingLayer)]
 
 
 @contextlib.contextmanager
@@ -188,7 +189,7 @@ def checkpointing_keeps_cache(model: Any) -> Iterator[None]:
         ValueError: checkpointing is on in modules none of which is a decoder layer
             (``GradientCheckpointingLayer``): this model's checkpointing cannot be kept.
     """
-    flagged = _flagged(model)
+    flagged = checkpointed_modules(model)
     if not flagged:
         yield
         return

@@ -136,8 +136,12 @@ def _padded(
     scorer: TokenScorer, model: Any, rows: PromptResponse, logit_grad_norm: bool
 ) -> TokenStatistics:
     """Every row's prompt and response in one call, ``(B, P + T)``."""
+    from gmts.scale.uncached_casts import uncached_weight_casts
+    from gmts.train.prefix_cache import checkpointed_modules
+
     T = rows.response_ids.shape[1]
-    with scorer.autocast():
+    casts = uncached_weight_casts(model, skip=checkpointed_modules(model))  # none kept
+    with scorer.autocast(), casts:
         out = model(
             input_ids=rows.input_ids,  # (B, P + T)
             attention_mask=rows.attention_mask,  # (B, P + T)
