@@ -162,7 +162,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         ),
         Experiment(
             "clip",
-            "The clip acting: 4 mini-batches per batch (addition-2digit, 18 steps x 4 x 8)",
+            "The clip acting: 4 mini-batches per batch (addition-2digit, 18 steps x 4 x 8, lr 7.5e-6)",
             "smollm2-135m-instruct",
             FOUR,
             3,
