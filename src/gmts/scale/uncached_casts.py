@@ -5,8 +5,8 @@ matmul saves that cast for the backward. The cast lives until the backward, and 
 one per region: the grouped layout (:mod:`gmts.train.grouped_forward`) runs each model call
 in its own region (so that each call's weight gradients reach the float32 ``.grad`` in float32,
 summed there), so a forward of ``n`` calls held ``n`` compute-dtype copies of every weight
-until its backward: 9 copies for 9 calls, measured on a tiny Llama. On one GPU with a 7B model
-in bf16 that is 15 GB a call.
+until its backward: 9 copies for 9 calls, measured on a tiny Llama. For a 7B model on one GPU
+that would be about 14 GB a call (7e9 weights x 2 bytes; not measured here).
 
 :func:`uncached_weight_casts` swaps, for one model call, the forward of every ``nn.Linear`` (and
 GPT-2's ``Conv1D``) whose float32 weight trains for :class:`_CastLinear`: the same forward (inputs, weight and

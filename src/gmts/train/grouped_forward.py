@@ -101,8 +101,8 @@ def grouped_statistics(
     """
     from gmts.train.prefix_cache import (
         cache_argument,
+        checkpointed_modules,
         checkpointing_keeps_cache,
-        replayed_layers,
     )
 
     plan = plan_forward(rows.prompt_ids, rows.prompt_mask, rows.response_mask)
@@ -114,7 +114,9 @@ def grouped_statistics(
         fillers = calls - plan.calls
     B, T = rows.response_ids.shape
     stats = dict(temperature=temperature, chunk_size=chunk_size, logit_grad_norm=logit_grad_norm)
-    call = _Caller(model, cache_argument(model), autocast, tuple(replayed_layers(model)))
+    # read before checkpointing_keeps_cache turns Hugging Face's flags off for the calls
+    replayed = tuple(checkpointed_modules(model))
+    call = _Caller(model, cache_argument(model), autocast, replayed)
     with checkpointing_keeps_cache(model):
         prompts = _prompt_calls(call, rows, plan)
         pieces = [_first_tokens(prompts, rows, plan, **stats)]
@@ -139,7 +141,7 @@ class _Caller:
     model: Any
     cache_name: str
     autocast: Callable[[], AbstractContextManager[Any]]
-    replayed: tuple[torch.nn.Module, ...] = ()  # checkpointed layers: their casts are not kept
+    replayed: tuple[torch.nn.Module, ...] = ()  # checkpointed modules: autocast's casts there
 
     def __call__(self, cache: Any, **inputs: Any) -> torch.Tensor:
         with self.autocast(), self._casts():

@@ -168,12 +168,6 @@ def checkpointed_modules(model: Any) -> list[torch.nn.Module]:
     ]
 
 
-def replayed_layers(model: Any) -> list[torch.nn.Module]:
-    """The decoder layers :func:`checkpointing_keeps_cache` checkpoints (replays in the
-    backward) when gradients are on: none without checkpointing."""
-    return [m for m in checkpointed_modules(model) if isinstance(m, GradientCheckpointingLayer)]
-
-
 @contextlib.contextmanager
 def checkpointing_keeps_cache(model: Any) -> Iterator[None]:
     """Inside, a model with activation checkpointing on keeps it AND passes the cache to its
