@@ -24,8 +24,9 @@ import torch
 SLACKS = {"11/10 (shipped)": (11, 10), "13/10": (13, 10), "3/2": (3, 2), "one bucket": (1000, 1)}
 
 
-def rollout(model: Any, tokenizer: Any, seed: int) -> Any:
-    """3 chat-templated 2-digit additions x 8 answers."""
+def rollout(model: Any, tokenizer: Any, seed: int, drop_finished_rows: bool = True) -> Any:
+    """3 chat-templated 2-digit additions x 8 answers (``drop_finished_rows`` False: the
+    sampler's loop before issue 34)."""
     from gmts.sampling.rollout import generate_rollouts
 
     rng = random.Random(0)
@@ -43,7 +44,14 @@ def rollout(model: Any, tokenizer: Any, seed: int) -> Any:
         for _ in range(3)
     ]
     return generate_rollouts(
-        model, tokenizer, problems, num_samples=8, max_new_tokens=64, temperature=0.7, seed=seed
+        model,
+        tokenizer,
+        problems,
+        num_samples=8,
+        max_new_tokens=64,
+        temperature=0.7,
+        seed=seed,
+        drop_finished_rows=drop_finished_rows,
     )
 
 
