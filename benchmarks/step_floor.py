@@ -101,9 +101,10 @@ def floors(model: Any, rows: Any, reps: int) -> dict[str, float]:
     prefill = _median_time(
         lambda: _products(weights, prompt_tokens, len(plan.prompt_lengths), False), reps
     )
-    response_tokens = sum(lengths)
+    # the response calls feed each row's tokens but its last; the head predicts every token
+    fed, response_tokens = sum(plan.fed_lengths), sum(lengths)
     update = _median_time(
-        lambda: _products(weights, prompt_tokens + response_tokens, response_tokens, True), reps
+        lambda: _products(weights, prompt_tokens + fed, response_tokens, True), reps
     )
     return {"rollout": decode + prefill, "decode": decode, "prefill": prefill, "update": update}
 
