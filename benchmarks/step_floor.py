@@ -120,6 +120,17 @@ def update_time(model: Any, rows: Any, layout: str) -> float:
     return time.perf_counter() - start
 
 
+def profile_update(model: Any, rows: Any, top: int) -> None:
+    """torch's profiler over one grouped update: the ``top`` operators by their own time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model.train()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        update_time(model, rows, "grouped")
+    model.eval()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+
+
 def _flags() -> list[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -135,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3, help="repeats of each floor's products")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--profile", type=int, default=0, help="print the top N operators of today's update"
+    )
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -167,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 seen[k].append(v)
             tokens.append(int(rows.response_lengths.sum()))
         print(f"round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()), flush=True)
+    if args.profile:
+        profile_update(model, rows, args.profile)
     med = {k: statistics.median(v) for k, v in seen.items()}
     print(f"\nmedians over {args.rounds} rounds (s); response tokens {tokens}")
     print("| part | old | new | floor | new / old | floor / old | floor / new |")
