@@ -24,31 +24,35 @@ import torch
 SLACKS = {"11/10 (shipped)": (11, 10), "13/10": (13, 10), "3/2": (3, 2), "one bucket": (1000, 1)}
 
 
-def rollout(model: Any, tokenizer: Any, seed: int, drop_finished_rows: bool = True) -> Any:
+def rollout(
+    model: Any,
+    tokenizer: Any,
+    seed: int,
+    drop_finished_rows: bool = True,
+    max_new_tokens: int = 64,
+) -> Any:
     """3 chat-templated 2-digit additions x 8 answers (``drop_finished_rows`` False: the
-    sampler's loop before issue 34)."""
+    sampler's loop before issue 34); ``a+b=`` for a tokenizer without a chat template."""
     from gmts.sampling.rollout import generate_rollouts
 
     rng = random.Random(0)
+    sums = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(3)]
     problems = [
         tokenizer.apply_chat_template(
-            [
-                {
-                    "role": "user",
-                    "content": f"What is {rng.randint(10, 99)} + {rng.randint(10, 99)}?",
-                }
-            ],
+            [{"role": "user", "content": f"What is {a} + {b}?"}],
             tokenize=False,
             add_generation_prompt=True,
         )
-        for _ in range(3)
+        if tokenizer.chat_template
+        else f"{a}+{b}="
+        for a, b in sums
     ]
     return generate_rollouts(
         model,
         tokenizer,
         problems,
         num_samples=8,
-        max_new_tokens=64,
+        max_new_tokens=max_new_tokens,
         temperature=0.7,
         seed=seed,
         drop_finished_rows=drop_finished_rows,

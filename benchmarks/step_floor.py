@@ -38,6 +38,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -81,6 +82,15 @@ def _products(weights: list[torch.Tensor], rows: int, head_rows: int, backward: 
             torch.mm(y.t(), x)  # (out, in): the weight's gradient
 
 
+def decode_batches(lengths: list[int]) -> Counter[int]:
+    """``{rows: decoding steps}`` of a rollout whose rows answer ``lengths`` tokens (the stop
+    token included) when a row leaves the batch as soon as it stops: the prefill gives token 0,
+    decoding step t (1..longest-1) feeds token t-1 of the rows that have not stopped, those
+    longer than t."""
+    longest = max(lengths, default=0)
+    return Counter(sum(1 for n in lengths if n > t) for t in range(1, longest))
+
+
 def floors(model: Any, rows: Any, reps: int) -> dict[str, float]:
     """The seconds of the products alone: decoding (rows still generating per step), the
     prefill (distinct prompts), the grouped update."""
@@ -88,9 +98,7 @@ def floors(model: Any, rows: Any, reps: int) -> dict[str, float]:
 
     weights = _linears(model)
     lengths = rows.response_lengths.tolist()
-    longest = max(lengths)
-    # decoding step t (t = 1..longest-1) feeds token t-1 of the rows that have not stopped
-    batches = Counter(sum(1 for n in lengths if n > t) for t in range(1, longest))
+    batches = decode_batches(lengths)
     decode = sum(
         count * _median_time(lambda a=a: _products(weights, a, a, False), reps)
         for a, count in batches.items()
@@ -147,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="repeats of each floor's products")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
+        "--quick", action="store_true", help="a random tiny llama, 4 new tokens (CI: no figure)"
+    )
+    parser.add_argument(
         "--profile", type=int, default=0, help="print the top N operators of today's update"
     )
     args = parser.parse_args(argv)
@@ -156,9 +167,16 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(2)
     load_before = list(os.getloadavg())
-    path = named_model_folder("smollm2-135m-instruct")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.quick:
+            from bench_rollout_real import save_quick_model
+
+            path = save_quick_model(Path(tmp) / "model")
+        else:
+            path = named_model_folder("smollm2-135m-instruct")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    new_tokens = 4 if args.quick else 64
     names = ("rollout", "update", "step")
     seen: dict[str, list[float]] = {f"{p} {n}": [] for p in ("new", "old", "floor") for n in names}
     tokens = []
@@ -166,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         t = {}
         for drop in (True, False):
             start = time.perf_counter()
-            rows = sample(model, tokenizer, r, drop_finished_rows=drop)
+            rows = sample(model, tokenizer, r, drop, new_tokens)
             t["new rollout" if drop else "old rollout"] = time.perf_counter() - start
         model.train()
         t["new update"] = update_time(model, rows, "grouped")
@@ -208,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_before": load_before,
                 "load_after": list(os.getloadavg()),
             },
+            "quick": args.quick,
             "response_tokens": tokens,
             "rounds": seen,
             "medians": med,
