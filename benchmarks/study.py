@@ -473,8 +473,12 @@ def _spread(records: list[dict[str, Any]]) -> str:
     loads = [_one_minute_load(r.get("load_before")) for r in records]
     loads = [x for x in loads if x is not None]
     span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
-    load = f"; 1-minute load before a run {min(loads):.1f}-{max(loads):.1f}" if loads else ""
-    return f"{len(records)} runs, {span}, code at {', '.join(commits)}, on {', '.join(cpus)}{load}"
+    load = ""
+    if loads:
+        low, high = min(loads), max(loads)
+        load = f"; 1-minute load before a run {low:.1f}" + (f"-{high:.1f}" if high > low else "")
+    runs = f"{len(records)} run" + ("s" if len(records) != 1 else "")
+    return f"{runs}, {span}, code at {', '.join(commits)}, on {', '.join(cpus)}{load}"
 
 
 def render_markdown(
