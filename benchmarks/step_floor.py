@@ -34,9 +34,7 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,24 +45,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import git_commit, machine_description, median_time, utc_now  # noqa: E402
 from bucket_slack import rollout as sample  # noqa: E402  (3 x 8 sums, the shared shape)
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _linears(model: Any) -> list[torch.Tensor]:
     """The weights ``(out, in)`` of every ``nn.Linear`` of the decoder layers, then the head."""
     layers = [m.weight for m in model.model.modules() if isinstance(m, torch.nn.Linear)]
     return [*layers, model.get_output_embeddings().weight]
-
-
-def _median_time(fn: Any, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 @torch.no_grad()
@@ -100,20 +88,20 @@ def floors(model: Any, rows: Any, reps: int) -> dict[str, float]:
     lengths = rows.response_lengths.tolist()
     batches = decode_batches(lengths)
     decode = sum(
-        count * _median_time(lambda a=a: _products(weights, a, a, False), reps)
+        count * median_time(lambda a=a: _products(weights, a, a, False), reps, 0)["median_s"]
         for a, count in batches.items()
         if a
     )
     plan = plan_forward(rows.prompt_ids, rows.prompt_mask, rows.response_mask)
     prompt_tokens = sum(plan.prompt_lengths)
-    prefill = _median_time(
-        lambda: _products(weights, prompt_tokens, len(plan.prompt_lengths), False), reps
-    )
+    prefill = median_time(
+        lambda: _products(weights, prompt_tokens, len(plan.prompt_lengths), False), reps, 0
+    )["median_s"]
     # the response calls feed each row's tokens but its last; the head predicts every token
     fed, response_tokens = sum(plan.fed_lengths), sum(lengths)
-    update = _median_time(
-        lambda: _products(weights, prompt_tokens + fed, response_tokens, True), reps
-    )
+    update = median_time(
+        lambda: _products(weights, prompt_tokens + fed, response_tokens, True), reps, 0
+    )["median_s"]
     return {"rollout": decode + prefill, "decode": decode, "prefill": prefill, "update": update}
 
 
@@ -139,14 +127,10 @@ def profile_update(model: Any, rows: Any, top: int) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
 
 
-def _flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return [f for f in wanted if f in line.split()]
+def _took(times: dict[str, float], name: str, seconds: float) -> None:
+    """Record one part's seconds and show it at once (a round of SmolLM2 takes ~40 s)."""
+    times[name] = seconds
+    print(f" {name} {seconds:.2f} s,", end="", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,23 +166,25 @@ def main(argv: list[str] | None = None) -> int:
     tokens = []
     for r in range(args.rounds + 1):  # round 0 warms up
         t = {}
+        print(f"round {r}{' (warm-up)' if r == 0 else ''}:", end="", flush=True)
         for drop in (True, False):
             start = time.perf_counter()
             rows = sample(model, tokenizer, r, drop, new_tokens)
-            t["new rollout" if drop else "old rollout"] = time.perf_counter() - start
+            _took(t, "new rollout" if drop else "old rollout", time.perf_counter() - start)
         model.train()
-        t["new update"] = update_time(model, rows, "grouped")
-        t["old update"] = update_time(model, rows, "padded")
+        _took(t, "new update", update_time(model, rows, "grouped"))
+        _took(t, "old update", update_time(model, rows, "padded"))
         model.eval()
         f = floors(model, rows, args.reps)
-        t["floor rollout"], t["floor update"] = f["rollout"], f["update"]
+        _took(t, "floor rollout", f["rollout"])
+        _took(t, "floor update", f["update"])
         for p in ("new", "old", "floor"):
             t[f"{p} step"] = t[f"{p} rollout"] + t[f"{p} update"]
         if r:
             for k, v in t.items():
                 seen[k].append(v)
             tokens.append(int(rows.response_lengths.sum()))
-        print(f"round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items()), flush=True)
+        print(f" step new {t['new step']:.2f} s, old {t['old step']:.2f} s", flush=True)
     if args.profile:
         profile_update(model, rows, args.profile)
     med = {k: statistics.median(v) for k, v in seen.items()}
@@ -209,19 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         o, w, f = med[f"old {n}"], med[f"new {n}"], med[f"floor {n}"]
         print(f"| {n} | {o:.2f} | {w:.2f} | {f:.2f} | {w / o:.2f}x | {f / o:.2f}x | {f / w:.2f}x |")
     if args.out:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=False,
-        ).stdout.strip()  # fmt: skip
         record = {
             "command": " ".join(["python", "benchmarks/step_floor.py", *(argv or sys.argv[1:])]),
-            "commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": git_commit(),
+            "date": utc_now(),
             "machine": {
-                "cpu": platform.processor() or platform.machine(),
-                "flags": _flags(),
-                "torch": torch.__version__,
-                "kernels": torch.backends.cpu.get_cpu_capability(),
+                **machine_description(),
                 "threads": torch.get_num_threads(),
                 "load_before": load_before,
                 "load_after": list(os.getloadavg()),

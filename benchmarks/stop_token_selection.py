@@ -8,9 +8,10 @@ top 20% of the batch hold, right answers apart from wrong ones; and the stop tok
 The question it answers (docs/results.md section 14, task2): whether a selection trains the
 stop token of wrong answers (pushing it down: answers that do not end) more often than that of
 right ones. The batches are the trainer's own (``Trainer.collect``: the config's questions,
-sampling, rewards and group advantages for its seed), scored once by the base model; the
-selections are the top 20% of the batch's response tokens by ``|E x A|`` (GMTS at ratio 1,
-where omega is the advantage times a constant of the batch) and by ``E`` (ETS). It describes
+sampling, rewards and group advantages for its seed), scored once by the base model
+(``score_rollout``), and the selections are the trainer's own step
+(``gmts.train.update.select_minibatch``: the config's selection settings and objective, its
+omega, ratio and count), with the config's score and with ``entropy`` (ETS) in its place. It describes
 the policy before training, not a run's later one. No record is written.
 """
 
@@ -20,19 +21,8 @@ import argparse
 import statistics
 from pathlib import Path
 
-import torch
-
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "smollm2-135m-instruct-word-problems" / "dapo-gmts.yaml"
-
-
-def top_share(score: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
-    """``(B, T)`` bool: the top ``ratio`` of the ``mask`` positions by ``score`` (ties at the
-    threshold included)."""
-    k = max(1, int(ratio * int(mask.sum())))
-    ranked = torch.where(mask, score, torch.full_like(score, -float("inf")))
-    threshold = ranked.flatten().topk(k).values[-1]
-    return (ranked >= threshold) & mask
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,17 +30,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=CONFIG)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ratio", type=float, default=0.2)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: beside other work)"
     )
     args = parser.parse_args(argv)
+    import dataclasses
     import tempfile
 
     from gmts.train.config import load_config
+    from gmts.train.step import score_rollout
     from gmts.train.trainer import Trainer
+    from gmts.train.update import select_minibatch
 
-    counts = {f"{s} {side}": [0, 0] for s in ("GMTS", "ETS") for side in ("right", "wrong")}
     entropy: dict[str, list[float]] = {"right": [], "wrong": []}
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"seed={args.seed}", f"logging.output_dir={tmp}/run"]
@@ -59,16 +50,30 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(str(args.config), overrides)
         trainer = Trainer(cfg, overwrite=True)
         trainer.model.eval()
-        budget = cfg.rollout.max_response_length
+        parts, budget = trainer.parts.optimization, cfg.rollout.max_response_length
+        micro = cfg.optim.micro_batch_size
+        rules = {cfg.selection.score: cfg.selection}  # the config's (gmts), then ETS's
+        rules["entropy (ETS)"] = dataclasses.replace(cfg.selection, score="entropy")
+        counts = {f"{rule} {side}": [0, 0] for rule in rules for side in ("right", "wrong")}
         for step in range(1, args.steps + 1):
-            batch = trainer.collect(step).batch
-            with torch.no_grad():
-                stats = trainer.scorer(trainer.model, batch)
-            E, mask = stats.entropy.float(), batch.response_mask  # (B, T)
-            A = batch.advantages.float()[:, None].expand_as(E)  # (B, T)
-            lengths = mask.sum(1).tolist()
-            for name, score in (("GMTS", (E * A).abs()), ("ETS", E)):
-                selected = top_share(score, mask, args.ratio)
+            batch, _ = score_rollout(
+                trainer.model,
+                trainer.ref_model,
+                trainer.collect(step).batch,
+                scorer=parts.scorer,
+                selection=cfg.selection,
+                correction=parts.correction,
+                micro_batch_size=micro,
+                single_pass=False,
+            )
+            E = batch.old.entropy.float()  # (B, T)
+            lengths = batch.response_mask.sum(1).tolist()
+            for name, rule in rules.items():
+                chosen = select_minibatch(
+                    batch, batch.old, rule, parts.loss.objective,
+                    micro_batch_size=micro, info=trainer.info, step=step,
+                )  # fmt: skip
+                selected = chosen.selected  # (B, T) bool
                 for i, n in enumerate(lengths):
                     a = float(batch.advantages[i])
                     if a == 0 or n == 0 or n >= budget:  # no gradient, or cut: no stop token
@@ -76,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                     side = "right" if a > 0 else "wrong"
                     counts[f"{name} {side}"][0] += int(selected[i, n - 1])
                     counts[f"{name} {side}"][1] += 1
-                    if name == "GMTS":
+                    if name == cfg.selection.score:
                         entropy[side].append(float(E[i, n - 1]))
+            print(f"batch {step} of {args.steps}: {len(lengths)} answers", flush=True)
         trainer.close()
     print(f"{args.config.name}, seed {args.seed}, {args.steps} batches, the base model:")
     for key, (hit, total) in counts.items():
