@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# Test files load helper files by path with ``from file_modules import load_module``
+# (tests/file_modules.py); pytest's importlib import mode puts no test folder on sys.path.
+# The tests folder is on sys.path only for this import: left there, its subfolders would
+# import as namespace packages (tests/vllm as ``vllm`` where vLLM is not installed, so
+# ``pytest.importorskip("vllm")`` would not skip). Later imports find the module in sys.modules.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+try:
+    import file_modules  # noqa: F401
+finally:
+    sys.path.pop(0)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,19 +1,18 @@
 """benchmarks/bench_adamw.py: its quick mode times every implementation of ``optim.adamw`` on
 the same weights and gradients and finds their updates equal to rounding."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from file_modules import load_module
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_quick_mode_times_each_implementation_and_they_agree(tmp_path):
     sys.path.insert(0, str(BENCH_DIR))
-    spec = importlib.util.spec_from_file_location("gmts_bench_adamw", BENCH_DIR / "bench_adamw.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(BENCH_DIR / "bench_adamw.py", "gmts_bench_adamw")
     assert module.main(["--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "adamw.json").read_text())
     assert set(record["seconds"]) == {"for-loop", "foreach", "fused"}

@@ -4,7 +4,6 @@ of the model in both dtypes gives. No timing is asserted."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,15 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from file_modules import load_module
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _bench():
     sys.path.insert(0, str(BENCH_DIR))
-    spec = importlib.util.spec_from_file_location("gmts_bench_bf16", BENCH_DIR / "bench_bf16.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / "bench_bf16.py", "gmts_bench_bf16")
 
 
 def test_quick_mode_writes_the_gap_the_speed_and_auto_s_choice(tmp_path):

@@ -6,12 +6,13 @@ workers computed the same numbers, and the record renders.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from file_modules import load_module
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH_DIR))
@@ -20,10 +21,7 @@ import bench_logprobs  # noqa: E402
 
 
 def _load(name: str, filename: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / filename, name)
 
 
 def test_parse_grid() -> None:

@@ -11,17 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from file_modules import load_module
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _bench():
     sys.path.insert(0, str(BENCH_DIR))
-    spec = importlib.util.spec_from_file_location(
-        "gmts_bench_rollout_real", BENCH_DIR / "bench_rollout_real.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / "bench_rollout_real.py", "gmts_bench_rollout_real")
 
 
 def run_quick(tmp_path: Path) -> dict:

@@ -10,12 +10,13 @@ same numbers.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from file_modules import load_module
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH_DIR))
@@ -26,11 +27,7 @@ import bench_logprobs  # noqa: E402
 
 def _load(name: str, filename: str):
     """Load benchmarks/<filename> under a unique module name (run.py / report.py are generic)."""
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / filename, name, register=True)
 
 
 bench_run = _load("gmts_bench_run", "run.py")

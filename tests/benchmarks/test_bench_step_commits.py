@@ -1,23 +1,19 @@
 """benchmarks/bench_step_commits.py (a step of today's code against an older commit's): its
 quick mode, both sides today's code, on a random tiny llama."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+
+from file_modules import load_module
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _module():
     sys.path.insert(0, str(BENCH_DIR))
-    spec = importlib.util.spec_from_file_location(
-        "gmts_bench_step_commits", BENCH_DIR / "bench_step_commits.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / "bench_step_commits.py", "gmts_bench_step_commits")
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from file_modules import load_module
+
 pytest.importorskip("trl")
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -22,12 +24,7 @@ QUICK = {"steps": 3, "questions": 2, "group_size": 2, "new_tokens": 8}
 
 def _bench():
     sys.path.insert(0, str(BENCH_DIR))
-    spec = importlib.util.spec_from_file_location(
-        "gmts_bench_throughput_real", BENCH_DIR / "bench_throughput_real.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / "bench_throughput_real.py", "gmts_bench_throughput_real")
 
 
 def run_quick(tmp_path: Path) -> dict:

@@ -6,19 +6,17 @@ a few MiB of allocator noise move the ratios (the docs quote the full run)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from file_modules import load_module
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH_DIR))
-_spec = importlib.util.spec_from_file_location("gmts_memory_check", BENCH_DIR / "memory_check.py")
-memory_check = importlib.util.module_from_spec(_spec)
-sys.modules["gmts_memory_check"] = memory_check  # dataclasses look their module up
-_spec.loader.exec_module(memory_check)
+memory_check = load_module(BENCH_DIR / "memory_check.py", "gmts_memory_check", register=True)
 
 
 def test_every_row_is_valid_trainer_settings(tmp_path: Path) -> None:

@@ -5,22 +5,18 @@ is asserted, only what the shapes fix: how many (N, H) x (H, V) matmuls each pat
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from file_modules import load_module
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str, filename: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / filename, name, register=True)
 
 
 def test_profile_logprobs_quick(tmp_path: Path) -> None:

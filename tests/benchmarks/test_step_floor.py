@@ -4,7 +4,6 @@ a row leaves as soon as it stops, and its quick mode runs end to end (no timing 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import sys
 from collections import Counter
@@ -12,15 +11,14 @@ from pathlib import Path
 
 import torch
 
+from file_modules import load_module
+
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _bench():
     sys.path.insert(0, str(BENCH_DIR))
-    spec = importlib.util.spec_from_file_location("gmts_step_floor", BENCH_DIR / "step_floor.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / "step_floor.py", "gmts_step_floor")
 
 
 def test_decode_batches_by_hand():

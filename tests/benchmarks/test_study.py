@@ -5,7 +5,6 @@ seed's pretrained figure taken once, the summary with paired differences, the fi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from file_modules import load_module
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "study.py"
-_spec = importlib.util.spec_from_file_location("study", SCRIPT)
-study = importlib.util.module_from_spec(_spec)
-sys.modules["study"] = study  # its dataclasses look their module up
-_spec.loader.exec_module(study)
+study = load_module(SCRIPT, "study", register=True)
 
 
 def test_a_record_key_follows_the_resolved_config() -> None:

@@ -10,19 +10,16 @@ installed (test_conformance_verl.py).
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_matrix", HERE / "_matrix.py")
-matrix = importlib.util.module_from_spec(_spec)
-sys.modules["_matrix"] = matrix  # dataclasses look their module up while it executes
-_spec.loader.exec_module(matrix)
+matrix = load_module(HERE / "_matrix.py", "_matrix", register=True)
 
 documented_statuses = matrix.documented_statuses
 

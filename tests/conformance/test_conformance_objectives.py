@@ -10,19 +10,14 @@ The verl column runs where verl is installed (test_conformance_verl.py).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-if "_objectives" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("_objectives", HERE / "_objectives.py")
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["_objectives"] = _module
-    _spec.loader.exec_module(_module)
-objectives = sys.modules["_objectives"]
+objectives = load_module(HERE / "_objectives.py", "_objectives", register=True, reuse=True)
 
 CELLS = [(row.name, e) for row in objectives.ROWS for e in ("core", "trainer", "trl")]
 

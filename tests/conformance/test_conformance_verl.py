@@ -11,25 +11,17 @@ where verl is not installed.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from file_modules import load_module
+
 pytest.importorskip("verl.workers.utils.losses", reason="verl is installed in .venv-verl only")
 
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_matrix", HERE / "_matrix.py")
-matrix = importlib.util.module_from_spec(_spec)
-sys.modules["_matrix"] = matrix  # dataclasses look their module up while it executes
-_spec.loader.exec_module(matrix)
-if "_objectives" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("_objectives", HERE / "_objectives.py")
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["_objectives"] = _module
-    _spec.loader.exec_module(_module)
-objectives = sys.modules["_objectives"]
+matrix = load_module(HERE / "_matrix.py", "_matrix", register=True)
+objectives = load_module(HERE / "_objectives.py", "_objectives", register=True, reuse=True)
 VERL_ROWS = [row.name for row in objectives.ROWS if row.verl is not None]
 
 

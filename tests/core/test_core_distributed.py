@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import socket
@@ -15,14 +14,13 @@ import torch
 
 import gmts
 
+from file_modules import load_module
+
 WORKER = Path(__file__).with_name("dist_selection_worker.py")
 
 
 def _load_worker_module():
-    spec = importlib.util.spec_from_file_location("gmts_dist_selection_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(WORKER, "gmts_dist_selection_worker")
 
 
 def _free_port() -> int:

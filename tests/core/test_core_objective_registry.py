@@ -10,12 +10,15 @@ like the core (torch.where on clip masks): agreement is evidence, not a tautolog
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
 
 import gmts
 from gmts.core.objectives import ObjectiveConfig, ObjectiveInputs, gradient_coefficient
+
+from file_modules import load_module
 
 F64 = torch.float64
 
@@ -35,22 +38,12 @@ def _batch(seed: int, spread: float = 0.4, b: int = 6, t: int = 8):
     return lp, old, ref, adv, mask, weights
 
 
-def _load(name: str):
-    """A helper module of tests/conformance (tests are not a package)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "conformance" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_refs = _load("_references")
+_refs = load_module(  # a helper module of tests/conformance (tests are not a package)
+    Path(__file__).resolve().parents[1] / "conformance" / "_references.py",
+    "_references",
+    register=True,
+    reuse=True,
+)
 ref_ppo_token, ref_ppo_trl, ref_gspo_token_verl = (
     _refs.ref_ppo_token,
     _refs.ref_ppo_trl,

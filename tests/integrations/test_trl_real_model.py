@@ -5,7 +5,6 @@ offline, 2 steps of 2 questions x 4 answers x 16 new tokens, GMTS top 20%."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -16,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from file_modules import load_module
+
 pytest.importorskip("trl")
 
 REAL = Path(__file__).resolve().parents[1] / "real_model" / "_real.py"
-_spec = importlib.util.spec_from_file_location("_real", REAL)
-_real = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_real)
+_real = load_module(REAL, "_real")
 
 CPU_RECIPE = (  # docs/integrations.md, "TRL on a CPU": the flags a CPU needs, explicitly
     "--use_cpu", "true", "--bf16", "false", "--use_vllm", "false",

@@ -8,11 +8,12 @@ test_verl_e2e_on_cpu.py (``verl_cpu/``), with the real model's data (``scaffold.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+
+from file_modules import load_module
 
 pytest.importorskip("verl.trainer.main_ppo", reason="verl is installed in .venv-verl only")
 pytest.importorskip("transfer_queue", reason="verl's V1 trainer needs TransferQueue (.venv-verl)")
@@ -24,9 +25,7 @@ sys.path.insert(0, str(HERE / "verl_cpu"))
 import scaffold  # noqa: E402
 from test_verl_e2e_on_cpu import _run, _two_gmts_steps  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("_real", HERE.parent / "real_model" / "_real.py")
-_real = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_real)
+_real = load_module(HERE.parent / "real_model" / "_real.py", "_real")
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,6 @@ model and one step take tens of seconds on a 2-core CPU.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -23,9 +22,9 @@ from gmts.train.config import load_config
 from gmts.train.metrics_log import read_metrics
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_real", Path(__file__).with_name("_real.py"))
-_real = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_real)
+from file_modules import load_module
+
+_real = load_module(Path(__file__).with_name("_real.py"), "_real")
 
 pytestmark = pytest.mark.slow
 

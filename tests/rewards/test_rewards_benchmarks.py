@@ -8,9 +8,7 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,12 +16,13 @@ import pytest
 from gmts.data.benchmarks import load_benchmark
 from gmts.rewards import code_reward, humaneval_program, mbpp_program
 
-_spec = importlib.util.spec_from_file_location(
-    "gold_rates", Path(__file__).resolve().parents[2] / "benchmarks" / "gold_rates.py"
+from file_modules import load_module
+
+_gold_rates = load_module(
+    Path(__file__).resolve().parents[2] / "benchmarks" / "gold_rates.py",
+    "gold_rates",
+    register=True,
 )
-_gold_rates = importlib.util.module_from_spec(_spec)
-sys.modules["gold_rates"] = _gold_rates  # dataclasses look their module up while it executes
-_spec.loader.exec_module(_gold_rates)
 PAPER_MATH, measure = _gold_rates.PAPER_MATH, _gold_rates.measure
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 @pytest.fixture(scope="module")

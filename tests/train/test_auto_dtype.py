@@ -9,7 +9,6 @@ end to end with the reader replaced: the dtype it trains in, its first line, ``c
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,9 +21,9 @@ import torch
 from gmts.scale import auto_dtype
 from gmts.scale.auto_dtype import Bf16Signals, choose_dtype, planned_dtype
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 CPU = torch.device("cpu")
 NATIVE = Bf16Signals("cpu", "avx512_bf16", "AVX512", onednn_bf16=True)

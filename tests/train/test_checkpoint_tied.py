@@ -4,7 +4,6 @@ loads back to the same model."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -13,9 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from gmts.train.checkpoint import list_checkpoints, save_checkpoint
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 def _saved(tmp_path: Path, model: torch.nn.Module, weights: dict | None) -> Path:

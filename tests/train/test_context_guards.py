@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,10 +11,10 @@ import pytest
 from gmts.cli import main
 from gmts.models.context import ContextError, ContextLimit, check_fits, context_limit
 
+from file_modules import load_module
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 def test_limit_is_the_smaller_of_config_and_meaningful_tokenizer_length():

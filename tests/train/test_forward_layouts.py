@@ -7,7 +7,6 @@ and the positions of every step's record (grouped: within 10% of the real ones).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import subprocess
@@ -19,13 +18,11 @@ import pytest
 from gmts.train.metrics_log import TIMING_KEYS, read_metrics
 from gmts.train.trainer import Trainer
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
-_spec = importlib.util.spec_from_file_location("_objectives", HERE / "test_train_objectives.py")
-_objectives = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_objectives)
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
+_objectives = load_module(HERE / "test_train_objectives.py", "_objectives")
 
 LAYOUTS = ("padded", "grouped")
 POSITION_KEYS = ("update/positions_computed", "update/positions_real")

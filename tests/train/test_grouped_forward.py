@@ -9,7 +9,6 @@ plan: buckets within 10% of the real positions, splits that keep that bound, bad
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,13 +21,11 @@ import torch
 from gmts.train.forward_plan import length_buckets, padded_positions, plan_forward
 from gmts.train.scoring import TokenScorer
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_rows", HERE / "_rows.py")
-_rows = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_rows)
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_rows = load_module(HERE / "_rows.py", "_rows")
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
 
 SMOLLM2_ARCHITECTURE = dict(  # SmolLM2-135M-Instruct's config.json, but for the sizes
     hidden_act="silu",

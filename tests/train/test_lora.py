@@ -6,7 +6,6 @@ read, and a run of the embedded task that learns."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -21,11 +20,11 @@ from gmts.train import checkpoint as ckpt
 from gmts.train.metrics_log import TIMING_KEYS, read_metrics
 from gmts.train.trainer import Trainer, train
 
+from file_modules import load_module
+
 pytest.importorskip("peft")
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 LORA = ("model.lora.rank=4", "model.lora.alpha=8")
 COMPUTE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

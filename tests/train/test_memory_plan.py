@@ -104,14 +104,13 @@ def test_layouts_checkpointing_and_refusal():
 
 
 def test_plan_command_on_a_config(tmp_path, capsys):
-    import importlib.util
     from pathlib import Path
 
     from gmts.cli import main
 
-    spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
+    from file_modules import load_module
+
+    tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
     model_dir = tiny.save_tiny_model(tmp_path / "model")
     args = ["plan", f"model.path={model_dir}", "model.dtype=bfloat16", "--gpus", "2"]
     assert main([*args, "--gpu-gib", "1"]) == 0
@@ -270,14 +269,13 @@ def test_docs_lora_rows_of_the_shipped_configs_are_current():
 def test_plan_counts_auto_as_the_dtype_it_resolves_to(tmp_path, capsys):
     """``gmts plan`` plans for GPUs: auto is counted as bf16 and the plan is bf16's, said
     above the table; the trainer plans with the dtype it resolved (test_auto_dtype.py)."""
-    import importlib.util
     from pathlib import Path
 
     from gmts.cli import main
 
-    spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
+    from file_modules import load_module
+
+    tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
     model_dir = tiny.save_tiny_model(tmp_path / "model")
     capsys.readouterr()
     tables = {}

@@ -3,7 +3,6 @@ before training, and the warning when the first steps carry no learning signal."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -15,9 +14,9 @@ from gmts.train.config import load_config
 from gmts.train.signal_watch import ZeroSignalWarning, ZeroSignalWatch
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:

@@ -6,7 +6,6 @@ the final evaluation; the config field; the handler's own contract."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import threading
@@ -27,9 +26,9 @@ from gmts.train.preemption import (
 )
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 STEPS = 4
 RECIPE = [

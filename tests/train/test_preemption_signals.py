@@ -8,7 +8,6 @@ the ``gmts train`` command's own exit status."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -25,12 +24,12 @@ from gmts.train.checkpoint import checkpoint_dir, list_checkpoints
 from gmts.train.metrics_log import EVAL_FILE, TIMING_KEYS, read_metrics
 from gmts.train.preemption import MARKER_FILE, PREEMPTED_EXIT_CODE
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "_preempt_script.py")
 STEPS = 6  # optim.steps of _preempt_script.py
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 TIMEOUT = 300
 

@@ -4,7 +4,6 @@ bit-exact resume is tested in test_train_resume.py, test_preemption.py and test_
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import warnings
 from pathlib import Path
@@ -19,10 +18,10 @@ from gmts.scale.strategy import make_strategy
 from gmts.train import checkpoint as ckpt
 from gmts.train.restore import restore_trainer_state
 
+from file_modules import load_module
+
 CPU = torch.device("cpu")
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 class _Source:

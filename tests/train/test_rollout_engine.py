@@ -8,7 +8,6 @@ the memory plan's engine parts. The real engine's tests are in tests/vllm (they 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import random
 from pathlib import Path
 
@@ -17,10 +16,10 @@ import torch
 
 from gmts.train.config import load_config
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
 
 
 def test_engine_section_defaults_and_overrides(tmp_path):

@@ -5,7 +5,6 @@ start that fails."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -19,9 +18,9 @@ from gmts.train.collect import CollectedBatch, RolloutStats
 from gmts.train.signal_watch import TruncationWarning, TruncationWatch
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:

@@ -5,7 +5,6 @@ patched writer), the last step's periodic checkpoint, and flags between override
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -30,9 +29,9 @@ from gmts.train.metrics_log import read_metrics
 from gmts.train.run_folder import RESUMES_FILE, config_changes
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 def _overrides(tiny_dir: Path, run_dir: Path, *extra: str) -> list[str]:

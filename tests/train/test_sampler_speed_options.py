@@ -5,7 +5,6 @@ linear weights of a real model."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -16,10 +15,10 @@ from gmts.sampling.draws import DRAWS
 from gmts.sampling.packed_linear import can_prepack
 from gmts.train.config import load_config
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
 
 
 @pytest.mark.parametrize("name", DRAWS.names())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -13,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
 
 
 def _free_port() -> int:

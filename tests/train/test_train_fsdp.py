@@ -4,7 +4,6 @@ bit-exact resume."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,11 +16,11 @@ import torch
 from gmts.train.checkpoint import list_checkpoints
 from gmts.train.metrics_log import TIMING_KEYS, read_metrics
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "_train_script.py")
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 SETTINGS = (
     "algorithm=grpo",  # KL on: the reference model is sharded too

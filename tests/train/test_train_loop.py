@@ -3,7 +3,6 @@ was asked; micro-batch accumulation is exact; bad steps and bad rewards are hand
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,9 +16,9 @@ from gmts.train.metrics_log import read_metrics
 from gmts.train.trainer import Trainer, train
 from gmts.train.update import select_minibatch, update_minibatch
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 TINY_DEMO = (  # the demo tests' recipe changes: 2 steps of a tiny batch, evaluated every step
@@ -552,10 +551,9 @@ def test_benchmark_setup_builds_on_the_demo_recipe(tmp_path, monkeypatch):
     from gmts.demo.settings import demo_recipe
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "tiny_setup.py"
-    spec = importlib.util.spec_from_file_location("tiny_setup", path)
-    tiny_setup = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "tiny_setup", tiny_setup)  # its dataclasses need it
-    spec.loader.exec_module(tiny_setup)
+    # register=True puts it in sys.modules for its dataclasses; the setitem has the test undo it
+    monkeypatch.setitem(sys.modules, "tiny_setup", None)
+    tiny_setup = load_module(path, "tiny_setup", register=True)
     recipe = demo_recipe()
     cfg = tiny_setup.train_config("m", tmp_path, score="gmts", steps=3)
     assert (cfg.algorithm, cfg.optim.lr, cfg.selection.ratio) == (

@@ -5,7 +5,6 @@ conformance matrix's trainer column: tests/conformance/test_conformance_objectiv
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -17,9 +16,9 @@ from gmts.train.config import load_config
 from gmts.train.metrics_log import read_metrics
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 OBJECTIVES = {
     "ppo": [],

@@ -4,7 +4,6 @@ trains on it. Without the plugin the objective is named as unknown before anythi
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -16,9 +15,9 @@ from gmts.cli import main
 from gmts.core.objectives.registry import _OBJECTIVES
 from gmts.train.metrics_log import read_metrics
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 PLUGIN = '''
 import torch

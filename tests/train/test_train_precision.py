@@ -6,7 +6,6 @@ by about as much as in an all-float32 run."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,9 @@ import torch
 
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 def _update(tiny_dir: Path, run_dir: Path, dtype: str) -> tuple[torch.Tensor, Trainer]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -17,11 +16,11 @@ import torch
 from gmts.train.checkpoint import list_checkpoints
 from gmts.train.metrics_log import TIMING_KEYS, read_metrics
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "_resume_script.py")
-_spec = importlib.util.spec_from_file_location("_tiny", HERE / "_tiny.py")
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+_tiny = load_module(HERE / "_tiny.py", "_tiny")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

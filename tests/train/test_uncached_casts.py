@@ -6,7 +6,6 @@ n bf16 copies of every weight until its backward."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,11 @@ from gmts.scale.uncached_casts import uncached_weight_casts
 from gmts.train.forward_plan import plan_forward
 from gmts.train.scoring import TokenScorer
 
+from file_modules import load_module
+
 HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("_rows", HERE / "_rows.py")
-_rows = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_rows)
-_spec = importlib.util.spec_from_file_location("_grouped", HERE / "test_grouped_forward.py")
-_grouped = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_grouped)
+_rows = load_module(HERE / "_rows.py", "_rows")
+_grouped = load_module(HERE / "test_grouped_forward.py", "_grouped")
 
 
 def _bf16() -> contextlib.AbstractContextManager:

@@ -4,7 +4,6 @@ every metric of every step equals the run that makes the no-grad pass."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -13,9 +12,9 @@ import pytest
 from gmts.train.scoring import TokenScorer
 from gmts.train.trainer import Trainer
 
-_spec = importlib.util.spec_from_file_location("_tiny", Path(__file__).with_name("_tiny.py"))
-_tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_tiny)
+from file_modules import load_module
+
+_tiny = load_module(Path(__file__).with_name("_tiny.py"), "_tiny")
 
 
 @pytest.mark.parametrize("score", ["gmts", "none"])

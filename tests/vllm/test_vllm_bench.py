@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from file_modules import load_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _vllm_tiny import SKIP_REASON, vllm_installed  # noqa: E402
@@ -20,10 +21,7 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 def _load(name: str, filename: str):
     sys.path.insert(0, str(BENCH_DIR))
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH_DIR / filename, name)
 
 
 @pytest.mark.slow
@@ -46,12 +44,10 @@ def test_quick_rollout_benchmark(tmp_path):
 @pytest.mark.slow
 def test_quick_real_model_rollout_benchmark(tmp_path):
     """benchmarks/bench_rollout_real.py --quick with vLLM: all six contenders measured."""
-    spec = importlib.util.spec_from_file_location(
-        "gmts_test_bench_rollout_real",
+    helpers = load_module(
         Path(__file__).resolve().parents[1] / "benchmarks" / "test_bench_rollout_real.py",
+        "gmts_test_bench_rollout_real",
     )
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
     result = helpers.run_quick(tmp_path)
     assert not result["raw"]["skipped"]
     for name in ("vllm_plain", "vllm_engine"):
@@ -64,12 +60,10 @@ def test_quick_throughput_real_benchmark(tmp_path):
     """benchmarks/bench_throughput_real.py --quick with vLLM: the vllm trainer and plain vLLM
     measured on the same rows, the old path's vllm trainer (a second engine in the process)
     beside the new one, every ratio taken."""
-    spec = importlib.util.spec_from_file_location(
-        "gmts_test_bench_throughput_real",
+    helpers = load_module(
         Path(__file__).resolve().parents[1] / "benchmarks" / "test_bench_throughput_real.py",
+        "gmts_test_bench_throughput_real",
     )
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
     record = helpers.run_quick(tmp_path)
     raw = record["raw"]
     assert not raw["skipped"]

@@ -7,13 +7,14 @@ on this model, ../shared/notes/real-model-smollm2.md) and the weights synced aft
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from file_modules import load_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _vllm_tiny import SKIP_REASON, vllm_installed  # noqa: E402
@@ -23,9 +24,7 @@ from gmts.train.metrics_log import read_metrics  # noqa: E402
 pytestmark = [pytest.mark.skipif(not vllm_installed(), reason=SKIP_REASON), pytest.mark.slow]
 
 REAL = Path(__file__).resolve().parents[1] / "real_model" / "_real.py"
-_spec = importlib.util.spec_from_file_location("_real", REAL)
-_real = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_real)
+_real = load_module(REAL, "_real")
 GAP_FP32 = 2e-4
 
 
