@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 
+TEMPERATURE = 0.7
+"""The sampling temperature of these rollouts and of the update's log-probs (SmolLM2's configs')."""
+
 SLACKS = {"11/10 (shipped)": (11, 10), "13/10": (13, 10), "3/2": (3, 2), "one bucket": (1000, 1)}
 
 
@@ -53,7 +56,7 @@ def rollout(
         problems,
         num_samples=8,
         max_new_tokens=max_new_tokens,
-        temperature=0.7,
+        temperature=TEMPERATURE,
         seed=seed,
         drop_finished_rows=drop_finished_rows,
     )
@@ -69,7 +72,7 @@ def forward_backward(model: Any, rows: Any, slack: tuple[int, int]) -> Any:
     stats = grouped_statistics(
         model,
         rows,
-        temperature=0.7,
+        temperature=TEMPERATURE,
         chunk_size=None,
         logit_grad_norm=False,
         autocast=contextlib.nullcontext,

@@ -46,6 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import git_commit, machine_description, median_time, utc_now  # noqa: E402
+from bucket_slack import TEMPERATURE  # noqa: E402
 from bucket_slack import rollout as sample  # noqa: E402  (3 x 8 sums, the shared shape)
 
 
@@ -108,7 +109,7 @@ def floors(model: Any, rows: Any, reps: int) -> dict[str, float]:
 def update_time(model: Any, rows: Any, layout: str) -> float:
     from gmts.train.scoring import TokenScorer
 
-    scorer = TokenScorer(temperature=0.7, autocast=contextlib.nullcontext, layout=layout)
+    scorer = TokenScorer(temperature=TEMPERATURE, autocast=contextlib.nullcontext, layout=layout)
     start = time.perf_counter()
     stats = scorer(model, rows)
     (stats.logprobs * rows.response_mask).sum().backward()
