@@ -39,7 +39,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,7 @@ class Experiment:
     overrides: tuple[str, ...]
     pairs: tuple[tuple[str, str], ...] = ()
     clip: bool = False  # report the clip shares per method
+    lengths: bool = False  # report the answers' length and share cut at the budget per method
     notes: list[str] = field(default_factory=list)
 
 
@@ -188,6 +189,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             3,
             BUDGET,
             _FOUR_PAIRS,
+            lengths=True,
         ),
     )
 }
@@ -348,11 +350,24 @@ def per_run_figures(record: dict[str, Any], starts: dict[int, float]) -> dict[st
         value = _mean_of_steps(record, key)
         if value is not None:
             figures[name] = 100.0 * value if name != "s_per_step" else value
-    entropies = [s["policy/entropy"] for s in record["steps"] if "policy/entropy" in s]
-    if entropies:  # the policy's mean token entropy over the run's last fifth (nats)
-        last = entropies[-max(1, len(entropies) // 5) :]
-        figures["entropy_end"] = sum(last) / len(last)
+    for name, key, scale in (
+        ("entropy_end", "policy/entropy", 1.0),  # the policy's mean token entropy (nats)
+        ("cut_end", "response/truncated_fraction", 100.0),  # answers cut at the token budget
+        ("length_end", "response/length_mean", 1.0),  # tokens an answer
+    ):
+        value = _mean_of_last_fifth(record, key)
+        if value is not None:
+            figures[name] = scale * value
     return figures
+
+
+def _mean_of_last_fifth(record: dict[str, Any], key: str) -> float | None:
+    """The mean of a step metric over the run's last fifth of steps (at least one step)."""
+    values = [s[key] for s in record["steps"] if isinstance(s.get(key), (int, float))]
+    if not values:
+        return None
+    last = values[-max(1, len(values) // 5) :]
+    return sum(last) / len(last)
 
 
 def summarize(experiment: Experiment, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -414,6 +429,11 @@ def _columns(experiment: Experiment) -> list[tuple[str, str, str]]:
         columns += [
             ("selected, clipped %", "clip sel %", "clip_selected"),
             ("all, clipped %", "clip all %", "clip_all"),
+        ]
+    if experiment.lengths:
+        columns += [
+            ("answer tokens, last fifth", "len end", "length_end"),
+            ("cut at the budget, last fifth, %", "cut end %", "cut_end"),
         ]
     return columns
 
@@ -591,10 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         experiment = EXPERIMENTS[name]
         if args.quick:
-            experiment = Experiment(
-                experiment.name, experiment.title, experiment.configs, experiment.methods,
-                1, QUICK, experiment.pairs, experiment.clip,
-            )  # fmt: skip
+            experiment = replace(experiment, seeds=1, overrides=QUICK)
         methods = list(experiment.methods)
         if args.methods:
             wanted = [m.strip() for m in args.methods.split(",")]

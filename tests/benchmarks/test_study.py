@@ -78,6 +78,22 @@ def test_the_area_under_the_curve_is_the_trapezoid_mean() -> None:
     assert figures["s_per_step"] == 2.0
 
 
+def test_the_last_fifth_figures_average_the_runs_last_fifth_of_steps() -> None:
+    steps = [
+        {"step": i + 1, "response/truncated_fraction": i / 10, "response/length_mean": 10.0 * i,
+         "policy/entropy": 1.0 - i / 10}
+        for i in range(10)
+    ]  # fmt: skip
+    record = {"args": [], "seed": 0, "evals": [{"step": 0, "average@2": 0.1}], "steps": steps}
+    figures = study.per_run_figures(record, {})
+    assert figures["cut_end"] == pytest.approx(100 * (0.8 + 0.9) / 2)  # steps 9 and 10, in %
+    assert figures["length_end"] == pytest.approx((80 + 90) / 2)
+    assert figures["entropy_end"] == pytest.approx((0.2 + 0.1) / 2)
+    headings = [key for _, _, key in study._columns(study.EXPERIMENTS["task2"])]
+    assert {"cut_end", "length_end"} <= set(headings)
+    assert "cut_end" not in [key for _, _, key in study._columns(study.EXPERIMENTS["budget"])]
+
+
 @pytest.mark.slow
 def test_quick_study_writes_each_run_and_reuses_it(tmp_path, real_model):
     command = [sys.executable, str(SCRIPT), "budget", "--quick", "--out", str(tmp_path)]
