@@ -556,7 +556,7 @@ def plot_curves(experiment: Experiment, summary: dict[str, Any], out: Path) -> P
         color = colors[i % len(colors)]
         steps = [p["step"] for p in m["curve"]]
         ax.plot(steps, [p["mean"] for p in m["curve"]], color=color, marker="o", ms=3,
-                label=f"{method} ({len(m['seeds'])} seeds)")  # fmt: skip
+                label=f"{method} ({len(m['seeds'])} seed{'s' * (len(m['seeds']) > 1)})")  # fmt: skip
         if len(m["seeds"]) > 1:
             low, high = [p["min"] for p in m["curve"]], [p["max"] for p in m["curve"]]
             ax.fill_between(steps, low, high, color=color, alpha=0.12, lw=0)
