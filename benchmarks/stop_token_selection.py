@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides += ["logging.progress=false", "checkpoint.every=0", "checkpoint.save_final=false"]
         overrides += [f"threads={args.threads}"]
         cfg = load_config(str(args.config), overrides)
+        print(f"loading {cfg.model.path} (then {args.steps} batches)", flush=True)
         trainer = Trainer(cfg, overwrite=True)
         trainer.model.eval()
         parts, budget = trainer.parts.optimization, cfg.rollout.max_response_length
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         rules["entropy (ETS)"] = dataclasses.replace(cfg.selection, score="entropy")
         counts = {f"{rule} {side}": [0, 0] for rule in rules for side in ("right", "wrong")}
         for step in range(1, args.steps + 1):
+            print(f"batch {step} of {args.steps}: sampling and scoring", flush=True)
             batch, _ = score_rollout(
                 trainer.model,
                 trainer.ref_model,
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     counts[f"{name} {side}"][1] += 1
                     if name == cfg.selection.score:
                         entropy[side].append(float(E[i, n - 1]))
-            print(f"batch {step} of {args.steps}: {len(lengths)} answers", flush=True)
+            print(f"batch {step} of {args.steps}: {len(lengths)} answers selected", flush=True)
         trainer.close()
     print(f"{args.config.name}, seed {args.seed}, {args.steps} batches, the base model:")
     for key, (hit, total) in counts.items():

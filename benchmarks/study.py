@@ -322,9 +322,13 @@ def curve_of(record: dict[str, Any], starts: dict[int, float]) -> list[tuple[int
     return points
 
 
-def _mean_of_steps(record: dict[str, Any], key: str) -> float | None:
+def _mean_of_steps(record: dict[str, Any], key: str, *, last_fifth: bool = False) -> float | None:
+    """The mean of a step metric over the run's steps, or over its last fifth of them (at least
+    one step); steps without the metric, or with nan (a step that selected nothing), left out."""
     values = [s[key] for s in record["steps"] if isinstance(s.get(key), (int, float))]
-    values = [v for v in values if v == v]  # nan: a step that selected nothing
+    values = [v for v in values if v == v]
+    if last_fifth:
+        values = values[-max(1, len(values) // 5) :]
     return sum(values) / len(values) if values else None
 
 
@@ -355,19 +359,10 @@ def per_run_figures(record: dict[str, Any], starts: dict[int, float]) -> dict[st
         ("cut_end", "response/truncated_fraction", 100.0),  # answers cut at the token budget
         ("length_end", "response/length_mean", 1.0),  # tokens an answer
     ):
-        value = _mean_of_last_fifth(record, key)
+        value = _mean_of_steps(record, key, last_fifth=True)
         if value is not None:
             figures[name] = scale * value
     return figures
-
-
-def _mean_of_last_fifth(record: dict[str, Any], key: str) -> float | None:
-    """The mean of a step metric over the run's last fifth of steps (at least one step)."""
-    values = [s[key] for s in record["steps"] if isinstance(s.get(key), (int, float))]
-    if not values:
-        return None
-    last = values[-max(1, len(values) // 5) :]
-    return sum(last) / len(last)
 
 
 def summarize(experiment: Experiment, records: list[dict[str, Any]]) -> dict[str, Any]:
